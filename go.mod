@@ -2,6 +2,12 @@ module github.com/rdmago/rdmago
 
 go 1.26.0
 
-require github.com/vishvananda/netns v0.0.5
+require (
+	github.com/stretchr/testify v1.12.1
+	github.com/vishvananda/netns v0.0.5
+)
 
-require golang.org/x/sys v0.49.0 // indirect
+require (
+	go.yaml.in/yaml/v3 v3.0.5 // indirect
+	golang.org/x/sys v0.49.0 // indirect
+)

@@ -1,0 +1,29 @@
+//go:build !(linux && cgo)
+
+package verbs
+
+// Devices needs libibverbs: without cgo it returns ErrNoCgo.
+func Devices() ([]DeviceInfo, error) { return nil, ErrNoCgo }
+
+// Device is an opened RDMA device; without cgo none can be opened.
+type Device struct {
+	Info DeviceInfo
+}
+
+// Open needs libibverbs: without cgo it returns ErrNoCgo.
+func Open(name string) (*Device, error) { return nil, ErrNoCgo }
+
+// Close does nothing without cgo.
+func (d *Device) Close() error { return nil }
+
+// Query returns ErrNoCgo without cgo.
+func (d *Device) Query() (DeviceAttr, error) { return DeviceAttr{}, ErrNoCgo }
+
+// QueryPort returns ErrNoCgo without cgo.
+func (d *Device) QueryPort(port int) (PortAttr, error) { return PortAttr{}, ErrNoCgo }
+
+// GIDTable returns ErrNoCgo without cgo.
+func (d *Device) GIDTable() ([]GIDEntry, error) { return nil, ErrNoCgo }
+
+// QueryGID returns ErrNoCgo without cgo.
+func (d *Device) QueryGID(port, index int) (GIDEntry, error) { return GIDEntry{}, ErrNoCgo }
