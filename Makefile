@@ -1,0 +1,65 @@
+# rdmago: make test runs everything (host unit tests, then integration tests on
+# real rxe and siw devices in qemu guests); make demo runs the main demo.
+# Both install what they need on a Debian 12 machine first.
+
+SHELL := /bin/bash
+.SHELLFLAGS := -euo pipefail -c
+
+export RDMAGO_TESTBED_CACHE ?= $(CURDIR)/.cache/testbed
+RDMAVM := $(CURDIR)/bin/rdmavm
+STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
+# Packages with tests for inside a guest (integration) and tests that boot
+# guests from the host (testbed): only those pay for a boot.
+INTEGRATION_PKGS = $(shell grep -rl --include='*_test.go' '^//go:build.*\bintegration\b' . | xargs -r -n1 dirname | sort -u)
+TESTBED_PKGS = $(shell grep -rl --include='*_test.go' '^//go:build.*\btestbed\b' . | xargs -r -n1 dirname | sort -u)
+
+.PHONY: all deps test unit lint integration testbed prepare demo shell clean
+
+all: test
+
+deps:
+	@bash test/testbed/vm/install-deps.sh
+
+$(RDMAVM): deps FORCE
+	@go build -o $(RDMAVM) ./test/testbed/cmd/rdmavm
+
+FORCE:
+
+test: unit integration testbed
+
+lint: deps
+	@echo "== lint: gofmt, go vet, staticcheck"
+	@unformatted=$$(gofmt -l .); if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
+	go vet ./...
+	go vet -tags integration ./...
+	go vet -tags testbed ./...
+	go run $(STATICCHECK) ./...
+	go run $(STATICCHECK) -tags integration ./...
+
+unit: lint
+	@echo "== unit tests on the host (race detector; pure Go also without cgo)"
+	go test -race -count=1 ./...
+	CGO_ENABLED=0 go test -count=1 ./verbs/...
+
+prepare: $(RDMAVM)
+	@echo "== test bed: guest kernel, siw and initramfs (cached in $(RDMAGO_TESTBED_CACHE))"
+	$(RDMAVM) prepare
+
+integration: prepare
+	@echo "== integration tests inside a guest with rxe and siw (one boot per package)"
+	go test -p 1 -count=1 -race -v -tags integration -exec "$(RDMAVM) exec" $(INTEGRATION_PKGS)
+
+testbed: prepare
+	@echo "== tests that boot guests from the host (two RoCE hosts, faults)"
+	go test -count=1 -v -tags testbed -run . $(TESTBED_PKGS)
+
+demo: prepare
+	@echo "== demo: the RDMA devices of a test bed guest, seen through rdmago/verbs"
+	@go build -o bin/devices ./examples/devices
+	$(RDMAVM) exec $(CURDIR)/bin/devices
+
+shell: prepare
+	$(RDMAVM) shell
+
+clean:
+	rm -rf bin .cache

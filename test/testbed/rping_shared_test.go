@@ -1,0 +1,84 @@
+//go:build integration || testbed
+
+package testbed_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net/netip"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// process is a started command: wait returns its combined output.
+type process interface {
+	wait() (string, error)
+}
+
+// runner starts a command in some network namespace of some machine.
+type runner func(ctx context.Context, netns string, argv ...string) (process, error)
+
+// endpoint is where one side of an rping runs.
+type endpoint struct {
+	run   runner
+	netns string
+	// waitListening blocks until a listener is up on addr, seen from this side's machine.
+	waitListening func(ctx context.Context, addr netip.AddrPort) error
+}
+
+// checkRping runs rdma-core's rping server on srv and client on cli against
+// addr, and asserts both exit 0 having moved count verified pings. The server
+// is waited for (not slept for) before the client starts.
+func checkRping(t *testing.T, srv, cli endpoint, addr netip.AddrPort, count int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	a, p, n := addr.Addr().String(), fmt.Sprint(addr.Port()), fmt.Sprint(count)
+	server, err := srv.run(ctx, srv.netns, "rping", "-s", "-v", "-a", a, "-p", p, "-C", n)
+	if err != nil {
+		t.Fatalf("starting rping server: %v", err)
+	}
+	if err := srv.waitListening(ctx, addr); err != nil {
+		cancel()
+		out, _ := server.wait()
+		t.Fatalf("rping server never listened: %v\nserver output:\n%s", err, out)
+	}
+	client, err := cli.run(ctx, cli.netns, "rping", "-c", "-v", "-V", "-a", a, "-p", p, "-C", n)
+	if err != nil {
+		t.Fatalf("starting rping client: %v", err)
+	}
+	cout, cerr := client.wait()
+	sout, serr := server.wait()
+	if cerr != nil || serr != nil {
+		t.Fatalf("rping over %v failed\nclient: %v\n%s\nserver: %v\n%s", addr, cerr, cout, serr, sout)
+	}
+	// With -v each side prints one line per iteration; -V makes the client
+	// compare what it read back with what it sent.
+	if got := strings.Count(cout, "ping data: rdma-ping-"); got != count {
+		t.Errorf("client completed %d pings, want %d:\n%s", got, count, cout)
+	}
+	if got := strings.Count(sout, "server ping data: rdma-ping-"); got != count {
+		t.Errorf("server completed %d pings, want %d:\n%s", got, count, sout)
+	}
+}
+
+// syncBuffer collects a command's stdout and stderr from two writers.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
