@@ -40,6 +40,9 @@ unit: lint
 	@echo "== unit tests on the host (race detector; pure Go also without cgo)"
 	go test -race -count=1 ./...
 	CGO_ENABLED=0 go test -count=1 ./verbs/...
+	@echo "== fuzzing, briefly"
+	go test -run '^$$' -fuzz '^FuzzValidate$$' -fuzztime 10s ./verbs
+	go test -run '^$$' -fuzz '^FuzzTimerEncoders$$' -fuzztime 10s ./verbs
 
 prepare: $(RDMAVM)
 	@echo "== test bed: guest kernel, siw and initramfs (cached in $(RDMAGO_TESTBED_CACHE))"

@@ -1,0 +1,197 @@
+package verbs
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// AttrError reports attribute values the hardware cannot encode or that
+// contradict the port the QP uses. Each problem names the attribute.
+type AttrError struct {
+	QPType     QPType
+	Transition Transition
+	Problems   []AttrProblem
+}
+
+// AttrProblem is one bad attribute value.
+type AttrProblem struct {
+	Attr   AttrMask
+	Reason string
+}
+
+func (e *AttrError) Error() string {
+	parts := make([]string, len(e.Problems))
+	for i, p := range e.Problems {
+		parts[i] = p.Attr.String() + ": " + p.Reason
+	}
+	return fmt.Sprintf("verbs: %v QP %v: %s", e.QPType, e.Transition, strings.Join(parts, "; "))
+}
+
+const (
+	max24 = 1<<24 - 1
+	max20 = 1<<20 - 1
+)
+
+// ValidateAttr checks the mask (as Validate does) and then the values of the
+// attributes the mask names: 24-bit PSNs and QP numbers, 3-bit retry counts,
+// 5-bit timer codes, 20-bit flow label, 4-bit SL, a defined MTU and
+// migration state, QP access flags only, the target state matching the
+// transition. It returns a *TransitionError or an *AttrError.
+func ValidateAttr(t QPType, from, to QPState, attr *QPAttr, mask AttrMask) error {
+	if err := Validate(t, from, to, mask); err != nil {
+		return err
+	}
+	var probs []AttrProblem
+	bad := func(a AttrMask, format string, args ...any) {
+		probs = append(probs, AttrProblem{Attr: a, Reason: fmt.Sprintf(format, args...)})
+	}
+	has := func(a AttrMask) bool { return mask&a != 0 }
+	if has(AttrState) && attr.State != to {
+		bad(AttrState, "State is %v but the transition goes to %v", attr.State, to)
+	}
+	if has(AttrCurState) && attr.CurState != from {
+		bad(AttrCurState, "CurState is %v but the transition starts from %v", attr.CurState, from)
+	}
+	if has(AttrPathMTU) && !attr.PathMTU.Valid() {
+		bad(AttrPathMTU, "%v is not a path MTU (use MTU256…MTU4096)", attr.PathMTU)
+	}
+	if has(AttrPathMigState) && (attr.PathMigState < MigMigrated || attr.PathMigState > MigArmed) {
+		bad(AttrPathMigState, "%v is not a migration state", attr.PathMigState)
+	}
+	if has(AttrRQPSN) && attr.RQPSN > max24 {
+		bad(AttrRQPSN, "%#x does not fit in 24 bits", attr.RQPSN)
+	}
+	if has(AttrSQPSN) && attr.SQPSN > max24 {
+		bad(AttrSQPSN, "%#x does not fit in 24 bits", attr.SQPSN)
+	}
+	if has(AttrDestQPN) && attr.DestQPN > max24 {
+		bad(AttrDestQPN, "%#x does not fit in 24 bits", attr.DestQPN)
+	}
+	if has(AttrRetryCount) && attr.RetryCount > 7 {
+		bad(AttrRetryCount, "%d does not fit in 3 bits (0…7)", attr.RetryCount)
+	}
+	if has(AttrRNRRetry) && attr.RNRRetry > 7 {
+		bad(AttrRNRRetry, "%d does not fit in 3 bits (0…7; 7 = retry forever)", attr.RNRRetry)
+	}
+	if has(AttrTimeout) && attr.Timeout > MaxACKTimeout {
+		bad(AttrTimeout, "code %d does not fit in 5 bits (0…31; it is an exponent, not milliseconds: see ACKTimeoutFor)", attr.Timeout)
+	}
+	if has(AttrMinRNRTimer) && attr.MinRNRTimer > MaxRNRTimer {
+		bad(AttrMinRNRTimer, "code %d does not fit in 5 bits (0…31; a table index, not milliseconds: see RNRTimerFor)", attr.MinRNRTimer)
+	}
+	if has(AttrAccessFlags) && attr.AccessFlags&^qpAccessFlags != 0 {
+		bad(AttrAccessFlags, "%v are not QP access flags (a QP takes REMOTE_WRITE, REMOTE_READ, REMOTE_ATOMIC)",
+			attr.AccessFlags&^qpAccessFlags)
+	}
+	if has(AttrPort) && attr.PortNum == 0 {
+		bad(AttrPort, "port numbers start at 1")
+	}
+	if has(AttrAV) {
+		checkAH(&attr.AH, AttrAV, bad)
+	}
+	if has(AttrAltPath) {
+		checkAH(&attr.AltAH, AttrAltPath, bad)
+		if attr.AltTimeout > MaxACKTimeout {
+			bad(AttrAltPath, "alternate timeout code %d does not fit in 5 bits", attr.AltTimeout)
+		}
+	}
+	if len(probs) > 0 {
+		return &AttrError{QPType: t, Transition: Transition{from, to}, Problems: probs}
+	}
+	return nil
+}
+
+func checkAH(ah *AHAttr, a AttrMask, bad func(AttrMask, string, ...any)) {
+	if ah.SL > 15 {
+		bad(a, "service level %d does not fit in 4 bits", ah.SL)
+	}
+	if ah.IsGlobal && ah.GRH.FlowLabel > max20 {
+		bad(a, "flow label %#x does not fit in 20 bits", ah.GRH.FlowLabel)
+	}
+}
+
+// PortInfo is what the port-aware checks need to know of the local port.
+type PortInfo struct {
+	Device    string
+	Port      int
+	Transport Transport
+	Attr      PortAttr
+	// RemoteActiveMTU, when known, is the peer port's active MTU; the path
+	// MTU must fit both.
+	RemoteActiveMTU MTU
+}
+
+// Kind is the port's kind (RoCE, InfiniBand, iWARP).
+func (p PortInfo) Kind() Kind { return KindOf(p.Transport, p.Attr.LinkLayer) }
+
+// ErrIWARPManual is wrapped by the error for a manual transition beyond INIT on an
+// iWARP port.
+var ErrIWARPManual = errors.New("iWARP QPs are connected by the iWARP CM: the provider moves them to RTR and RTS " +
+	"(siw turns a user RTS into EINVAL); connect them with rdmacm instead")
+
+// ValidateForPort adds the checks that need the port to ValidateAttr: the
+// seed's pitfalls that the driver reports as a bare EINVAL, or worse accepts
+// and then stalls.
+//   - RoCE: an address vector without a GRH is refused (EINVAL); the source
+//     GID index must be inside the port's table.
+//   - A path MTU above the port's active MTU (or the peer's): rxe checks only
+//     max_mtu, so the QP would connect and then stall.
+//   - iWARP: the CM moves the QP; a manual INIT→RTR or RTR→RTS is refused.
+func ValidateForPort(t QPType, from, to QPState, attr *QPAttr, mask AttrMask, port PortInfo) error {
+	if err := ValidateAttr(t, from, to, attr, mask); err != nil {
+		return err
+	}
+	where := fmt.Sprintf("%v QP %v on %s port %d", t, Transition{from, to}, port.Device, port.Port)
+	if port.Kind() == KindIWARP && (to == QPStateRTR || to == QPStateRTS) && from != to && from != QPStateSQD && from != QPStateSQE {
+		return fmt.Errorf("verbs: %s: %w", where, ErrIWARPManual)
+	}
+	var probs []AttrProblem
+	bad := func(a AttrMask, format string, args ...any) {
+		probs = append(probs, AttrProblem{Attr: a, Reason: fmt.Sprintf(format, args...)})
+	}
+	if mask&AttrAV != 0 && port.Kind() == KindRoCE {
+		if !attr.AH.IsGlobal {
+			bad(AttrAV, "RoCE needs a GRH on every address vector: set AH.IsGlobal with GRH.DGID "+
+				"(the peer's GID) and GRH.SGIDIndex (the local GID entry for the source address; the resolver picks it)")
+		} else if port.Attr.GIDTableLen > 0 && int(attr.AH.GRH.SGIDIndex) >= port.Attr.GIDTableLen {
+			bad(AttrAV, "source GID index %d is outside the port's table of %d entries",
+				attr.AH.GRH.SGIDIndex, port.Attr.GIDTableLen)
+		}
+	}
+	if mask&AttrPathMTU != 0 && attr.PathMTU.Valid() {
+		if port.Attr.ActiveMTU.Valid() && attr.PathMTU > port.Attr.ActiveMTU {
+			bad(AttrPathMTU, "path MTU %v exceeds the port's active MTU %v (max MTU %v is what the device could do, "+
+				"not what the link carries): use min(local, remote active MTU)", attr.PathMTU, port.Attr.ActiveMTU, port.Attr.MaxMTU)
+		}
+		if port.RemoteActiveMTU.Valid() && attr.PathMTU > port.RemoteActiveMTU {
+			bad(AttrPathMTU, "path MTU %v exceeds the peer's active MTU %v", attr.PathMTU, port.RemoteActiveMTU)
+		}
+	}
+	if len(probs) > 0 {
+		return &AttrError{QPType: t, Transition: Transition{from, to}, Problems: probs}
+	}
+	return nil
+}
+
+// Warnings returns legal settings that usually surprise: an infinite ACK
+// timeout (a lost packet stalls the QP forever), zero retry counts (the first
+// loss or RNR fails the QP: useful to surface races during development, wrong
+// in production), and an infinite RNR retry paired with a receiver that never
+// posts.
+func Warnings(t QPType, attr *QPAttr, mask AttrMask) []string {
+	var w []string
+	if t != QPTypeRC {
+		return nil
+	}
+	if mask&AttrTimeout != 0 && attr.Timeout == ACKTimeoutInfinite {
+		w = append(w, "TIMEOUT 0 never retransmits: one lost packet stalls the QP forever (14 ≈ 67 ms is common)")
+	}
+	if mask&AttrRetryCount != 0 && attr.RetryCount == 0 {
+		w = append(w, "RETRY_CNT 0: the first lost packet fails the QP with RETRY_EXC_ERR (7 is common outside development)")
+	}
+	if mask&AttrRNRRetry != 0 && attr.RNRRetry == 0 {
+		w = append(w, "RNR_RETRY 0: a send that arrives before the peer posted a receive fails the QP with RNR_RETRY_EXC_ERR")
+	}
+	return w
+}

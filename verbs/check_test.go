@@ -1,0 +1,218 @@
+package verbs
+
+import (
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestACKTimeout(t *testing.T) {
+	d, ok := ACKTimeout(14).Duration()
+	require.True(t, ok)
+	assert.Equal(t, 67108864*time.Nanosecond, d, "14 ≈ 67 ms")
+	d, _ = ACKTimeout(1).Duration()
+	assert.Equal(t, 8192*time.Nanosecond, d)
+	d, _ = ACKTimeout(31).Duration()
+	assert.InDelta(t, 8796.09, d.Seconds(), 0.01, "31 ≈ 8800 s")
+	_, ok = ACKTimeoutInfinite.Duration()
+	assert.False(t, ok, "0 is infinite")
+	_, ok = ACKTimeout(32).Duration()
+	assert.False(t, ok)
+	assert.Contains(t, ACKTimeout(0).String(), "infinite")
+
+	c, err := ACKTimeoutFor(67 * time.Millisecond)
+	require.NoError(t, err)
+	assert.Equal(t, ACKTimeout(14), c)
+	c, err = ACKTimeoutFor(time.Nanosecond)
+	require.NoError(t, err)
+	assert.Equal(t, ACKTimeout(1), c)
+	_, err = ACKTimeoutFor(0)
+	assert.ErrorContains(t, err, "ACKTimeoutInfinite")
+	_, err = ACKTimeoutFor(3 * time.Hour)
+	assert.ErrorContains(t, err, "exceeds the largest code 31")
+	for code := ACKTimeout(1); code <= MaxACKTimeout; code++ {
+		d, _ := code.Duration()
+		back, err := ACKTimeoutFor(d)
+		require.NoError(t, err)
+		assert.Equal(t, code, back, "round trip of %v", code)
+	}
+}
+
+func TestRNRTimer(t *testing.T) {
+	// The seed's table, in milliseconds.
+	want := []float64{655.36, 0.01, 0.02, 0.03, 0.04, 0.06, 0.08, 0.12, 0.16, 0.24, 0.32, 0.48, 0.64, 0.96,
+		1.28, 1.92, 2.56, 3.84, 5.12, 7.68, 10.24, 15.36, 20.48, 30.72, 40.96, 61.44, 81.92, 122.88,
+		163.84, 245.76, 327.68, 491.52}
+	for code, ms := range want {
+		d, ok := RNRTimer(code).Duration()
+		require.True(t, ok)
+		assert.InDelta(t, ms, float64(d)/float64(time.Millisecond), 1e-9, "code %d", code)
+		back, err := RNRTimerFor(d)
+		require.NoError(t, err)
+		assert.Equal(t, RNRTimer(code), back, "round trip of code %d", code)
+	}
+	_, ok := RNRTimer(32).Duration()
+	assert.False(t, ok)
+	c, _ := RNRTimerFor(0)
+	assert.Equal(t, RNRTimer(1), c, "the shortest delay is code 1, not 0")
+	c, _ = RNRTimerFor(500 * time.Millisecond)
+	assert.Equal(t, RNRTimer(0), c, "above 491.52 ms only code 0 (655.36 ms) is long enough")
+	c, _ = RNRTimerFor(time.Millisecond)
+	assert.Equal(t, RNRTimer(14), c, "1 ms rounds up to 1.28 ms")
+	_, err := RNRTimerFor(time.Second)
+	assert.Error(t, err)
+	_, err = RNRTimerFor(-time.Second)
+	assert.Error(t, err)
+}
+
+func validRTR() (*QPAttr, AttrMask) {
+	a := &QPAttr{State: QPStateRTR, PathMTU: MTU1024, DestQPN: 0x12, RQPSN: 0xabc, MaxDestRdAtomic: 1, MinRNRTimer: 12,
+		AH: AHAttr{IsGlobal: true, PortNum: 1, GRH: GlobalRoute{DGID: GIDFromIP(netip.MustParseAddr("10.0.0.2")), SGIDIndex: 1, HopLimit: 64}}}
+	return a, AttrState | AttrAV | AttrPathMTU | AttrDestQPN | AttrRQPSN | AttrMaxDestRdAtomic | AttrMinRNRTimer
+}
+
+func TestValidateAttrValues(t *testing.T) {
+	a, m := validRTR()
+	require.NoError(t, ValidateAttr(QPTypeRC, QPStateInit, QPStateRTR, a, m))
+
+	cases := map[string]struct {
+		edit func(*QPAttr)
+		attr AttrMask
+		says string
+	}{
+		"PSN over 24 bits":   {func(a *QPAttr) { a.RQPSN = 1 << 24 }, AttrRQPSN, "24 bits"},
+		"QPN over 24 bits":   {func(a *QPAttr) { a.DestQPN = 1 << 24 }, AttrDestQPN, "24 bits"},
+		"MTU 1500":           {func(a *QPAttr) { a.PathMTU = 1500 }, AttrPathMTU, "not a path MTU"},
+		"RNR timer in ms":    {func(a *QPAttr) { a.MinRNRTimer = 100 }, AttrMinRNRTimer, "not milliseconds"},
+		"SL over 4 bits":     {func(a *QPAttr) { a.AH.SL = 16 }, AttrAV, "4 bits"},
+		"flow label 21 bits": {func(a *QPAttr) { a.AH.GRH.FlowLabel = 1 << 20 }, AttrAV, "20 bits"},
+		"state mismatch":     {func(a *QPAttr) { a.State = QPStateRTS }, AttrState, "goes to RTR"},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			a, m := validRTR()
+			tc.edit(a)
+			err := ValidateAttr(QPTypeRC, QPStateInit, QPStateRTR, a, m)
+			var ae *AttrError
+			require.ErrorAs(t, err, &ae)
+			require.Len(t, ae.Problems, 1)
+			assert.Equal(t, tc.attr, ae.Problems[0].Attr)
+			assert.Contains(t, err.Error(), tc.says)
+		})
+	}
+
+	rts := &QPAttr{State: QPStateRTS, SQPSN: 1, Timeout: 32, RetryCount: 8, RNRRetry: 9, MaxRdAtomic: 1}
+	err := ValidateAttr(QPTypeRC, QPStateRTR, QPStateRTS, rts,
+		AttrState|AttrSQPSN|AttrTimeout|AttrRetryCount|AttrRNRRetry|AttrMaxQPRdAtomic)
+	var ae *AttrError
+	require.ErrorAs(t, err, &ae)
+	assert.Len(t, ae.Problems, 3, "timeout, retry count and RNR retry are all reported: %v", err)
+
+	init := &QPAttr{State: QPStateInit, PortNum: 0, AccessFlags: AccessRemoteWrite | AccessMWBind}
+	err = ValidateAttr(QPTypeRC, QPStateReset, QPStateInit, init, AttrState|AttrPKeyIndex|AttrPort|AttrAccessFlags)
+	assert.ErrorContains(t, err, "port numbers start at 1")
+	assert.ErrorContains(t, err, "MW_BIND are not QP access flags")
+}
+
+func TestValidateForPort(t *testing.T) {
+	roce := PortInfo{Device: "rxe0", Port: 1, Transport: TransportIB,
+		Attr: PortAttr{State: PortActive, LinkLayer: LinkLayerEthernet, ActiveMTU: MTU1024, MaxMTU: MTU4096, GIDTableLen: 16}}
+	a, m := validRTR()
+	require.NoError(t, ValidateForPort(QPTypeRC, QPStateInit, QPStateRTR, a, m, roce))
+
+	a.AH.IsGlobal = false
+	err := ValidateForPort(QPTypeRC, QPStateInit, QPStateRTR, a, m, roce)
+	assert.ErrorContains(t, err, "RoCE needs a GRH")
+
+	a, m = validRTR()
+	a.AH.GRH.SGIDIndex = 16
+	assert.ErrorContains(t, ValidateForPort(QPTypeRC, QPStateInit, QPStateRTR, a, m, roce), "outside the port's table of 16")
+
+	a, m = validRTR()
+	a.PathMTU = MTU4096
+	err = ValidateForPort(QPTypeRC, QPStateInit, QPStateRTR, a, m, roce)
+	assert.ErrorContains(t, err, "path MTU 4096 exceeds the port's active MTU 1024")
+
+	a, m = validRTR()
+	peer := roce
+	peer.RemoteActiveMTU = MTU512
+	assert.ErrorContains(t, ValidateForPort(QPTypeRC, QPStateInit, QPStateRTR, a, m, peer), "peer's active MTU 512")
+
+	ib := roce
+	ib.Attr.LinkLayer = LinkLayerInfiniBand
+	a, m = validRTR()
+	a.AH.IsGlobal = false
+	assert.NoError(t, ValidateForPort(QPTypeRC, QPStateInit, QPStateRTR, a, m, ib), "IB within a subnet needs no GRH")
+
+	iwarp := PortInfo{Device: "siw0", Port: 1, Transport: TransportIWARP, Attr: PortAttr{LinkLayer: LinkLayerEthernet, ActiveMTU: MTU1024}}
+	a, m = validRTR()
+	err = ValidateForPort(QPTypeRC, QPStateInit, QPStateRTR, a, m, iwarp)
+	assert.ErrorIs(t, err, ErrIWARPManual)
+	assert.ErrorContains(t, err, "siw0 port 1")
+	assert.NoError(t, ValidateForPort(QPTypeRC, QPStateReset, QPStateInit,
+		&QPAttr{State: QPStateInit, PortNum: 1}, AttrState|AttrPKeyIndex|AttrPort|AttrAccessFlags, iwarp),
+		"RESET→INIT is the user's on iWARP too")
+	assert.NoError(t, ValidateForPort(QPTypeRC, QPStateRTS, QPStateErr, &QPAttr{State: QPStateErr}, AttrState, iwarp))
+}
+
+func TestWarnings(t *testing.T) {
+	rts := &QPAttr{State: QPStateRTS, Timeout: 0, RetryCount: 0, RNRRetry: 0}
+	w := Warnings(QPTypeRC, rts, AttrTimeout|AttrRetryCount|AttrRNRRetry)
+	assert.Len(t, w, 3)
+	assert.Contains(t, w[0], "stalls the QP forever")
+	rts = &QPAttr{State: QPStateRTS, Timeout: 14, RetryCount: 7, RNRRetry: 7}
+	assert.Empty(t, Warnings(QPTypeRC, rts, AttrTimeout|AttrRetryCount|AttrRNRRetry))
+	assert.Empty(t, Warnings(QPTypeUD, &QPAttr{}, AttrTimeout))
+}
+
+// The seed's three example programs (RC, UC, UD to RTS), in Go.
+func TestSeedExamples(t *testing.T) {
+	remote := Remote{QPN: 0x1234, PSN: 0x5678, GID: GIDFromIP(netip.MustParseAddr("10.0.0.2"))}
+	path := Path{Global: true, SGIDIndex: 3, LocalActiveMTU: MTU1024}
+
+	rc, err := ConnParams{Type: QPTypeRC, Port: 1, Access: AccessRemoteWrite | AccessRemoteRead, SQPSN: 0x42,
+		Remote: remote, Path: path}.Steps()
+	require.NoError(t, err)
+	require.Len(t, rc, 3)
+	assert.Equal(t, "STATE|ACCESS_FLAGS|PKEY_INDEX|PORT", rc[0].Mask.String())
+	assert.Equal(t, "STATE|AV|PATH_MTU|RQ_PSN|MIN_RNR_TIMER|MAX_DEST_RD_ATOMIC|DEST_QPN", rc[1].Mask.String())
+	assert.Equal(t, "STATE|TIMEOUT|RETRY_CNT|RNR_RETRY|MAX_QP_RD_ATOMIC|SQ_PSN", rc[2].Mask.String())
+	assert.Equal(t, uint32(0x1234), rc[1].Attr.DestQPN)
+	assert.Equal(t, uint32(0x5678), rc[1].Attr.RQPSN)
+	assert.Equal(t, uint8(3), rc[1].Attr.AH.GRH.SGIDIndex)
+	assert.True(t, rc[1].Attr.AH.IsGlobal)
+	assert.Equal(t, MTU1024, rc[1].Attr.PathMTU)
+	assert.Equal(t, ACKTimeout(14), rc[2].Attr.Timeout)
+	assert.Equal(t, uint8(7), rc[2].Attr.RetryCount)
+	assert.Equal(t, RNRRetryInfinite, rc[2].Attr.RNRRetry)
+	assert.Equal(t, RNRTimer(12), rc[1].Attr.MinRNRTimer)
+	assert.Empty(t, Warnings(QPTypeRC, &rc[2].Attr, rc[2].Mask), "the defaults are production settings")
+
+	uc, err := ConnParams{Type: QPTypeUC, Port: 1, Access: AccessRemoteWrite, Remote: remote, Path: path}.Steps()
+	require.NoError(t, err)
+	assert.Equal(t, "STATE|AV|PATH_MTU|RQ_PSN|DEST_QPN", uc[1].Mask.String())
+	assert.Equal(t, "STATE|SQ_PSN", uc[2].Mask.String())
+
+	ud, err := ConnParams{Type: QPTypeUD, Port: 1, QKey: 0x11111111}.Steps()
+	require.NoError(t, err)
+	assert.Equal(t, "STATE|PKEY_INDEX|PORT|QKEY", ud[0].Mask.String())
+	assert.Equal(t, "STATE", ud[1].Mask.String())
+	assert.Equal(t, "STATE|SQ_PSN", ud[2].Mask.String())
+
+	// MTU: the smaller of both ends' active MTUs.
+	withPeer := remote
+	withPeer.ActiveMTU = MTU512
+	rc, err = ConnParams{Type: QPTypeRC, Port: 1, Remote: withPeer, Path: path}.Steps()
+	require.NoError(t, err)
+	assert.Equal(t, MTU512, rc[1].Attr.PathMTU)
+
+	_, err = ConnParams{Type: QPTypeRC, Port: 1, Remote: remote}.Steps()
+	assert.ErrorContains(t, err, "Path.MTU")
+	_, err = ConnParams{Type: QPTypeRC, Remote: remote, Path: path}.Steps()
+	assert.ErrorContains(t, err, "Port is required")
+	_, err = ConnParams{Type: QPTypeRC, Port: 1, Remote: Remote{QPN: 1 << 24}, Path: path}.Steps()
+	assert.ErrorContains(t, err, "DEST_QPN")
+}

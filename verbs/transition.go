@@ -1,0 +1,177 @@
+package verbs
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// Transition is a QP state change; From == To for the modify-in-place
+// transitions (INIT→INIT, RTS→RTS, SQD→SQD).
+type Transition struct {
+	From, To QPState
+}
+
+func (t Transition) String() string { return t.From.String() + "→" + t.To.String() }
+
+// TransitionRule is what one transition needs and accepts.
+type TransitionRule struct {
+	Required AttrMask
+	Optional AttrMask
+}
+
+// Accepted is every attribute the transition takes. STATE is always accepted
+// (a modify-in-place may name the current state).
+func (r TransitionRule) Accepted() AttrMask { return r.Required | r.Optional | AttrState }
+
+const (
+	connPathOpts = AttrAltPath | AttrPathMigState
+)
+
+// transitionTable holds the IBTA rules as libibverbs documents them for
+// ibv_modify_qp, per QP type. Any→RESET and Any→ERR are added by init.
+var transitionTable = map[QPType]map[Transition]TransitionRule{
+	QPTypeUD: {
+		{QPStateReset, QPStateInit}: {Required: AttrState | AttrPKeyIndex | AttrPort | AttrQKey},
+		{QPStateInit, QPStateInit}:  {Optional: AttrPKeyIndex | AttrPort | AttrQKey},
+		{QPStateInit, QPStateRTR}:   {Required: AttrState, Optional: AttrPKeyIndex | AttrQKey},
+		{QPStateRTR, QPStateRTS}:    {Required: AttrState | AttrSQPSN, Optional: AttrCurState | AttrQKey},
+		{QPStateRTS, QPStateRTS}:    {Optional: AttrCurState | AttrQKey},
+		{QPStateRTS, QPStateSQD}:    {Required: AttrState, Optional: AttrEnSQDAsyncNotify},
+		{QPStateSQD, QPStateRTS}:    {Required: AttrState, Optional: AttrCurState | AttrQKey},
+		{QPStateSQD, QPStateSQD}:    {Optional: AttrPKeyIndex | AttrQKey},
+		{QPStateSQE, QPStateRTS}:    {Required: AttrState, Optional: AttrCurState | AttrQKey},
+	},
+	QPTypeUC: {
+		{QPStateReset, QPStateInit}: {Required: AttrState | AttrPKeyIndex | AttrPort | AttrAccessFlags},
+		{QPStateInit, QPStateInit}:  {Optional: AttrPKeyIndex | AttrPort | AttrAccessFlags},
+		{QPStateInit, QPStateRTR}: {
+			Required: AttrState | AttrAV | AttrPathMTU | AttrDestQPN | AttrRQPSN,
+			Optional: AttrPKeyIndex | AttrAccessFlags | AttrAltPath,
+		},
+		{QPStateRTR, QPStateRTS}: {Required: AttrState | AttrSQPSN, Optional: AttrCurState | AttrAccessFlags | connPathOpts},
+		{QPStateRTS, QPStateRTS}: {Optional: AttrCurState | AttrAccessFlags | connPathOpts},
+		{QPStateRTS, QPStateSQD}: {Required: AttrState, Optional: AttrEnSQDAsyncNotify},
+		{QPStateSQD, QPStateRTS}: {Required: AttrState, Optional: AttrCurState | AttrAccessFlags | connPathOpts},
+		{QPStateSQD, QPStateSQD}: {Optional: AttrPKeyIndex | AttrAccessFlags | AttrAV | connPathOpts},
+		{QPStateSQE, QPStateRTS}: {Required: AttrState, Optional: AttrCurState | AttrAccessFlags},
+	},
+	QPTypeRC: {
+		{QPStateReset, QPStateInit}: {Required: AttrState | AttrPKeyIndex | AttrPort | AttrAccessFlags},
+		{QPStateInit, QPStateInit}:  {Optional: AttrPKeyIndex | AttrPort | AttrAccessFlags},
+		{QPStateInit, QPStateRTR}: {
+			Required: AttrState | AttrAV | AttrPathMTU | AttrDestQPN | AttrRQPSN | AttrMaxDestRdAtomic | AttrMinRNRTimer,
+			Optional: AttrPKeyIndex | AttrAccessFlags | AttrAltPath,
+		},
+		{QPStateRTR, QPStateRTS}: {
+			Required: AttrState | AttrSQPSN | AttrTimeout | AttrRetryCount | AttrRNRRetry | AttrMaxQPRdAtomic,
+			Optional: AttrCurState | AttrAccessFlags | AttrMinRNRTimer | connPathOpts,
+		},
+		{QPStateRTS, QPStateRTS}: {Optional: AttrCurState | AttrAccessFlags | AttrMinRNRTimer | connPathOpts},
+		{QPStateRTS, QPStateSQD}: {Required: AttrState, Optional: AttrEnSQDAsyncNotify},
+		{QPStateSQD, QPStateRTS}: {Required: AttrState, Optional: AttrCurState | AttrAccessFlags | AttrMinRNRTimer | connPathOpts},
+		{QPStateSQD, QPStateSQD}: {Optional: AttrPKeyIndex | AttrPort | AttrAccessFlags | AttrAV | AttrMaxQPRdAtomic |
+			AttrMinRNRTimer | AttrAltPath | AttrTimeout | AttrRetryCount | AttrRNRRetry | AttrMaxDestRdAtomic | AttrPathMigState},
+	},
+}
+
+func init() {
+	for _, rules := range transitionTable {
+		for from := QPStateReset; from <= QPStateErr; from++ {
+			rules[Transition{from, QPStateReset}] = TransitionRule{Required: AttrState}
+			rules[Transition{from, QPStateErr}] = TransitionRule{Required: AttrState}
+		}
+	}
+}
+
+// Rule returns what a transition requires and accepts for a QP type, and false
+// when the transition does not exist for that type (e.g. RC has no SQE→RTS).
+func Rule(t QPType, tr Transition) (TransitionRule, bool) {
+	r, ok := transitionTable[t][tr]
+	return r, ok
+}
+
+// Transitions lists the transitions a QP type has, in state order.
+func Transitions(t QPType) []Transition {
+	var out []Transition
+	for from := QPStateReset; from <= QPStateErr; from++ {
+		for to := QPStateReset; to <= QPStateErr; to++ {
+			if _, ok := transitionTable[t][Transition{from, to}]; ok {
+				out = append(out, Transition{from, to})
+			}
+		}
+	}
+	return out
+}
+
+// TransitionError reports a modify that the IBTA rules refuse: the driver
+// would return EINVAL. It names what is missing and what is not accepted.
+type TransitionError struct {
+	QPType     QPType
+	Transition Transition
+	Mask       AttrMask
+	// NoSuchTransition is set when the QP type cannot make this transition
+	// at all; Missing and NotAccepted are then empty.
+	NoSuchTransition bool
+	Missing          AttrMask // required attributes absent from Mask
+	NotAccepted      AttrMask // attributes in Mask the transition does not take
+}
+
+func (e *TransitionError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "verbs: %v QP %v", e.QPType, e.Transition)
+	if e.NoSuchTransition {
+		fmt.Fprintf(&b, " is not a valid transition (from %v a %v QP can go to: %s)",
+			e.Transition.From, e.QPType, strings.Join(targets(e.QPType, e.Transition.From), ", "))
+		return b.String()
+	}
+	var parts []string
+	if e.Missing != 0 {
+		parts = append(parts, "missing required attributes "+e.Missing.String())
+	}
+	if e.NotAccepted != 0 {
+		parts = append(parts, "attributes not accepted by this transition "+e.NotAccepted.String())
+	}
+	b.WriteString(": " + strings.Join(parts, "; "))
+	r, _ := Rule(e.QPType, e.Transition)
+	fmt.Fprintf(&b, " (required: %v; optional: %v)", r.Required, r.Optional)
+	return b.String()
+}
+
+func targets(t QPType, from QPState) []string {
+	var out []string
+	for _, tr := range Transitions(t) {
+		if tr.From == from {
+			out = append(out, tr.To.String())
+		}
+	}
+	return out
+}
+
+// ErrUnsupportedQPType is returned for QP types without a transition table here
+// (raw packet, XRC, driver QPs).
+var ErrUnsupportedQPType = errors.New("verbs: no transition rules for this QP type (RC, UC and UD are modelled)")
+
+// Validate checks a modify's attribute mask against the transition rules of
+// the QP type: every required attribute present, nothing the transition does
+// not accept. It returns a *TransitionError naming both, or nil.
+func Validate(t QPType, from, to QPState, mask AttrMask) error {
+	rules, ok := transitionTable[t]
+	if !ok {
+		return fmt.Errorf("%w: %v", ErrUnsupportedQPType, t)
+	}
+	if !from.valid() || !to.valid() {
+		return fmt.Errorf("verbs: %v QP %v→%v: not a QP state", t, from, to)
+	}
+	tr := Transition{from, to}
+	r, ok := rules[tr]
+	if !ok {
+		return &TransitionError{QPType: t, Transition: tr, Mask: mask, NoSuchTransition: true}
+	}
+	missing := r.Required &^ mask
+	extra := mask &^ r.Accepted()
+	if missing == 0 && extra == 0 {
+		return nil
+	}
+	return &TransitionError{QPType: t, Transition: tr, Mask: mask, Missing: missing, NotAccepted: extra}
+}
