@@ -27,3 +27,18 @@ func (d *Device) GIDTable() ([]GIDEntry, error) { return nil, ErrNoCgo }
 
 // QueryGID returns ErrNoCgo without cgo.
 func (d *Device) QueryGID(port, index int) (GIDEntry, error) { return GIDEntry{}, ErrNoCgo }
+
+// PD, MR, CQ, AH and QP need libibverbs; without cgo they cannot be created.
+type (
+	PD struct{}
+	MR struct{}
+	CQ struct{}
+	AH struct{}
+	QP struct{}
+)
+
+// AllocPD returns ErrNoCgo without cgo.
+func (d *Device) AllocPD() (*PD, error) { return nil, ErrNoCgo }
+
+// CreateCQ returns ErrNoCgo without cgo.
+func (d *Device) CreateCQ(entries int) (*CQ, error) { return nil, ErrNoCgo }

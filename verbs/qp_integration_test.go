@@ -1,0 +1,270 @@
+//go:build integration
+
+package verbs_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/rdmago/rdmago/test/testbed"
+	"github.com/rdmago/rdmago/verbs"
+)
+
+// resources counts this process's RDMA objects as the kernel sees them.
+func resources(t *testing.T) map[string]int {
+	t.Helper()
+	counts := map[string]int{}
+	pid := fmt.Sprintf(" pid %d ", os.Getpid())
+	for _, kind := range []string{"qp", "cq", "mr", "pd"} {
+		out, err := exec.Command("rdma", "resource", "show", kind).CombinedOutput()
+		require.NoError(t, err, "%s", out)
+		for _, line := range strings.Split(string(out), "\n") {
+			if strings.Contains(line+" ", pid) {
+				counts[kind]++
+			}
+		}
+	}
+	return counts
+}
+
+func checkNoLeaks(t *testing.T) {
+	before := resources(t)
+	t.Cleanup(func() {
+		assert.Equal(t, before, resources(t), "every QP, CQ, MR and PD the test made is released")
+	})
+}
+
+// endpointQP is one side of a hand-connected pair.
+type endpointQP struct {
+	qp *verbs.QP
+	cq *verbs.CQ
+	mr *verbs.MR
+}
+
+func gidIndexFor(t *testing.T, dev *verbs.Device, addr, netdev string) int {
+	t.Helper()
+	ifc, err := net.InterfaceByName(netdev)
+	require.NoError(t, err)
+	table, err := dev.GIDTable()
+	require.NoError(t, err)
+	want := verbs.GIDFromIP(netip.MustParseAddr(addr))
+	for _, e := range table {
+		if e.GID == want && e.NetdevIndex == ifc.Index && e.Type == verbs.GIDTypeRoCEv2 {
+			return e.Index
+		}
+	}
+	t.Fatalf("no RoCE v2 GID for %s on %s", addr, netdev)
+	return -1
+}
+
+func newEndpoint(t *testing.T, dev *verbs.Device, pd *verbs.PD, qpType verbs.QPType) *endpointQP {
+	t.Helper()
+	cq, err := dev.CreateCQ(64)
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, cq.Close()) })
+	mr, err := pd.RegisterMemory(1<<16, verbs.AccessLocalWrite|verbs.AccessRemoteWrite|verbs.AccessRemoteRead|verbs.AccessRemoteAtomic)
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, mr.Close()) })
+	qp, err := pd.CreateQP(verbs.QPInit{Type: qpType, SendCQ: cq, RecvCQ: cq,
+		Cap: verbs.QPCap{MaxSendWR: 32, MaxRecvWR: 32, MaxSendSGE: 2, MaxRecvSGE: 2}})
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, qp.Close()) })
+	return &endpointQP{qp: qp, cq: cq, mr: mr}
+}
+
+// waitWC polls (and waits through the completion channel) for one completion.
+func waitWC(t *testing.T, cq *verbs.CQ) verbs.WorkCompletion {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	wcs := make([]verbs.WorkCompletion, 1)
+	for {
+		n, err := cq.Poll(wcs)
+		require.NoError(t, err)
+		if n == 1 {
+			require.NoError(t, wcs[0].Err())
+			return wcs[0]
+		}
+		require.NoError(t, cq.Wait(ctx), "no completion within 10 s")
+	}
+}
+
+func TestRCByHandOnRXE(t *testing.T) {
+	topo := testbed.Require(t)
+	rxe := topo.MustDevice(t, "rxe0")
+	checkNoLeaks(t)
+	dev, err := verbs.Open(rxe.Name)
+	require.NoError(t, err)
+	t.Cleanup(func() { dev.Close() })
+	pd, err := dev.AllocPD()
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, pd.Close()) })
+	port, err := dev.QueryPort(1)
+	require.NoError(t, err)
+	gidIndex := gidIndexFor(t, dev, rxe.IPv4, rxe.Netdev)
+	gid := verbs.GIDFromIP(netip.MustParseAddr(rxe.IPv4))
+
+	a, b := newEndpoint(t, dev, pd, verbs.QPTypeRC), newEndpoint(t, dev, pd, verbs.QPTypeRC)
+	connect := func(self, peer *endpointQP, psn, peerPSN uint32) {
+		steps, err := verbs.ConnParams{Type: verbs.QPTypeRC, Port: 1,
+			Access: verbs.AccessRemoteWrite | verbs.AccessRemoteRead | verbs.AccessRemoteAtomic, SQPSN: psn,
+			Remote: verbs.Remote{QPN: peer.qp.QPN, PSN: peerPSN, GID: gid, ActiveMTU: port.ActiveMTU},
+			Path:   verbs.Path{Global: true, SGIDIndex: uint8(gidIndex), LocalActiveMTU: port.ActiveMTU},
+		}.Steps()
+		require.NoError(t, err)
+		for _, s := range steps {
+			require.NoError(t, self.qp.Modify(&s.Attr, s.Mask), "%v", s.Transition)
+		}
+		assert.Equal(t, verbs.QPStateRTS, self.qp.State())
+	}
+
+	// The seed's pitfalls, refused in Go before the driver sees them.
+	t.Run("pitfalls", func(t *testing.T) {
+		init := verbs.QPAttr{State: verbs.QPStateInit, PortNum: 1, AccessFlags: verbs.AccessRemoteWrite}
+		require.NoError(t, a.qp.Modify(&init, verbs.AttrState|verbs.AttrPKeyIndex|verbs.AttrPort|verbs.AttrAccessFlags))
+		rtr := verbs.QPAttr{State: verbs.QPStateRTR, PathMTU: port.ActiveMTU, DestQPN: b.qp.QPN, RQPSN: 1,
+			MaxDestRdAtomic: 1, MinRNRTimer: 12,
+			AH: verbs.AHAttr{PortNum: 1, IsGlobal: false, GRH: verbs.GlobalRoute{DGID: gid, SGIDIndex: uint8(gidIndex)}}}
+		mask := verbs.AttrState | verbs.AttrAV | verbs.AttrPathMTU | verbs.AttrDestQPN | verbs.AttrRQPSN |
+			verbs.AttrMaxDestRdAtomic | verbs.AttrMinRNRTimer
+		err := a.qp.Modify(&rtr, mask)
+		assert.ErrorContains(t, err, "RoCE needs a GRH")
+		assert.ErrorContains(t, err, "device rxe0, port 1")
+		assert.ErrorContains(t, err, fmt.Sprintf("QP %#x", a.qp.QPN))
+
+		rtr.AH.IsGlobal = true
+		rtr.PathMTU = verbs.MTU4096
+		err = a.qp.Modify(&rtr, mask)
+		assert.ErrorContains(t, err, "exceeds the port's active MTU", "rxe would accept 4096 and stall")
+
+		rtr.PathMTU = port.ActiveMTU
+		var te *verbs.TransitionError
+		assert.ErrorAs(t, a.qp.Modify(&rtr, mask&^verbs.AttrMinRNRTimer), &te)
+		assert.Equal(t, verbs.AttrMinRNRTimer, te.Missing)
+
+		rtr.AH.GRH.SGIDIndex = uint8(port.GIDTableLen - 1)
+		assert.ErrorContains(t, a.qp.Modify(&rtr, mask), "empty slot")
+		assert.Equal(t, verbs.QPStateInit, a.qp.State(), "a refused modify leaves the QP where it was")
+
+		reset := verbs.QPAttr{State: verbs.QPStateReset}
+		require.NoError(t, a.qp.Modify(&reset, verbs.AttrState))
+	})
+
+	connect(a, b, 100, 200)
+	connect(b, a, 200, 100)
+	q, err := a.qp.Query(verbs.AttrPathMTU | verbs.AttrDestQPN | verbs.AttrAV)
+	require.NoError(t, err)
+	assert.Equal(t, verbs.QPStateRTS, q.State)
+	assert.Equal(t, b.qp.QPN, q.DestQPN)
+	assert.Equal(t, port.ActiveMTU, q.PathMTU)
+
+	abuf, bbuf := a.mr.Bytes(), b.mr.Bytes()
+	t.Run("send/recv", func(t *testing.T) {
+		copy(abuf, "hello over rxe")
+		require.NoError(t, b.qp.PostRecv(verbs.RecvWR{ID: 1, SGEs: []verbs.SGE{b.mr.SGE(0, 64)}}))
+		require.NoError(t, a.qp.PostSend(verbs.SendWR{ID: 2, Opcode: verbs.OpSend, Flags: verbs.SendSignaled,
+			SGEs: []verbs.SGE{a.mr.SGE(0, 14)}}))
+		assert.Equal(t, verbs.WCSend, waitWC(t, a.cq).Opcode)
+		wc := waitWC(t, b.cq)
+		assert.Equal(t, verbs.WCRecv, wc.Opcode)
+		assert.Equal(t, uint32(14), wc.ByteLen)
+		assert.Equal(t, "hello over rxe", string(bbuf[:14]))
+	})
+	t.Run("write, write with immediate, read", func(t *testing.T) {
+		copy(abuf[1024:], bytes.Repeat([]byte("W"), 4096))
+		require.NoError(t, a.qp.PostSend(verbs.SendWR{ID: 3, Opcode: verbs.OpRDMAWrite, Flags: verbs.SendSignaled,
+			SGEs: []verbs.SGE{a.mr.SGE(1024, 4096)}, RemoteAddr: b.mr.Addr() + 8192, RKey: b.mr.RKey}))
+		assert.Equal(t, verbs.WCRDMAWrite, waitWC(t, a.cq).Opcode)
+		assert.Equal(t, bytes.Repeat([]byte("W"), 4096), bbuf[8192:8192+4096], "4 KiB spans several 1 KiB packets")
+
+		require.NoError(t, b.qp.PostRecv(verbs.RecvWR{ID: 4}))
+		require.NoError(t, a.qp.PostSend(verbs.SendWR{ID: 5, Opcode: verbs.OpRDMAWriteWithImm, Flags: verbs.SendSignaled,
+			SGEs: []verbs.SGE{a.mr.SGE(0, 5)}, RemoteAddr: b.mr.Addr() + 100, RKey: b.mr.RKey, Imm: 0xdeadbeef}))
+		waitWC(t, a.cq)
+		wc := waitWC(t, b.cq)
+		assert.Equal(t, verbs.WCRecvRDMAWithImm, wc.Opcode)
+		assert.Equal(t, uint32(0xdeadbeef), wc.Imm)
+		assert.Equal(t, "hello", string(bbuf[100:105]))
+
+		copy(bbuf[20000:], "remote data to read")
+		require.NoError(t, a.qp.PostSend(verbs.SendWR{ID: 6, Opcode: verbs.OpRDMARead, Flags: verbs.SendSignaled,
+			SGEs: []verbs.SGE{a.mr.SGE(30000, 19)}, RemoteAddr: b.mr.Addr() + 20000, RKey: b.mr.RKey}))
+		assert.Equal(t, verbs.WCRDMARead, waitWC(t, a.cq).Opcode)
+		assert.Equal(t, "remote data to read", string(abuf[30000:30019]))
+	})
+	t.Run("atomics", func(t *testing.T) {
+		binary.LittleEndian.PutUint64(bbuf[40000:], 41)
+		require.NoError(t, a.qp.PostSend(verbs.SendWR{ID: 7, Opcode: verbs.OpAtomicFetchAdd, Flags: verbs.SendSignaled,
+			SGEs: []verbs.SGE{a.mr.SGE(40000, 8)}, RemoteAddr: b.mr.Addr() + 40000, RKey: b.mr.RKey, CompareAdd: 1}))
+		waitWC(t, a.cq)
+		assert.Equal(t, uint64(41), binary.LittleEndian.Uint64(abuf[40000:]), "fetch returns the old value")
+		assert.Equal(t, uint64(42), binary.LittleEndian.Uint64(bbuf[40000:]))
+		require.NoError(t, a.qp.PostSend(verbs.SendWR{ID: 8, Opcode: verbs.OpAtomicCmpAndSwp, Flags: verbs.SendSignaled,
+			SGEs: []verbs.SGE{a.mr.SGE(40008, 8)}, RemoteAddr: b.mr.Addr() + 40000, RKey: b.mr.RKey, CompareAdd: 42, Swap: 7}))
+		waitWC(t, a.cq)
+		assert.Equal(t, uint64(42), binary.LittleEndian.Uint64(abuf[40008:]))
+		assert.Equal(t, uint64(7), binary.LittleEndian.Uint64(bbuf[40000:]))
+	})
+	t.Run("batch of sends in one post", func(t *testing.T) {
+		var recvs []verbs.RecvWR
+		var sends []verbs.SendWR
+		for i := range 8 {
+			recvs = append(recvs, verbs.RecvWR{ID: uint64(100 + i), SGEs: []verbs.SGE{b.mr.SGE(50000+64*i, 64)}})
+			abuf[50000+i] = byte('a' + i)
+			sends = append(sends, verbs.SendWR{ID: uint64(200 + i), Opcode: verbs.OpSend, Flags: verbs.SendSignaled,
+				SGEs: []verbs.SGE{a.mr.SGE(50000+i, 1)}})
+		}
+		require.NoError(t, b.qp.PostRecv(recvs...))
+		require.NoError(t, a.qp.PostSend(sends...))
+		for i := range 8 {
+			wc := waitWC(t, b.cq)
+			assert.Equal(t, uint64(100+i), wc.ID, "receives complete in order")
+			assert.Equal(t, byte('a'+i), bbuf[50000+64*i])
+			waitWC(t, a.cq)
+		}
+	})
+	t.Run("wait honours context", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		defer cancel()
+		start := time.Now()
+		err := a.cq.Wait(ctx)
+		assert.True(t, errors.Is(err, context.DeadlineExceeded), "%v", err)
+		assert.Less(t, time.Since(start), 2*time.Second)
+	})
+}
+
+func TestManualTransitionsRefusedOnSIW(t *testing.T) {
+	topo := testbed.Require(t)
+	siw := topo.MustDevice(t, "siw0")
+	checkNoLeaks(t)
+	dev, err := verbs.Open(siw.Name)
+	require.NoError(t, err)
+	t.Cleanup(func() { dev.Close() })
+	pd, err := dev.AllocPD()
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, pd.Close()) })
+	e := newEndpoint(t, dev, pd, verbs.QPTypeRC)
+	steps, err := verbs.ConnParams{Type: verbs.QPTypeRC, Port: 1, Remote: verbs.Remote{QPN: e.qp.QPN},
+		Path: verbs.Path{LocalActiveMTU: verbs.MTU1024}}.Steps()
+	require.NoError(t, err)
+	require.NoError(t, e.qp.Modify(&steps[0].Attr, steps[0].Mask), "RESET→INIT is allowed on iWARP")
+	err = e.qp.Modify(&steps[1].Attr, steps[1].Mask)
+	assert.ErrorIs(t, err, verbs.ErrIWARPManual)
+	assert.ErrorContains(t, err, "rdmacm")
+
+	_, err = pd.CreateQP(verbs.QPInit{Type: verbs.QPTypeUD, SendCQ: e.cq, RecvCQ: e.cq, Cap: verbs.QPCap{MaxSendWR: 1, MaxRecvWR: 1, MaxSendSGE: 1, MaxRecvSGE: 1}})
+	assert.ErrorContains(t, err, "iWARP supports RC QPs only")
+}
