@@ -103,33 +103,9 @@ func waitWC(t *testing.T, cq *verbs.CQ) verbs.WorkCompletion {
 }
 
 func TestRCByHandOnRXE(t *testing.T) {
-	topo := testbed.Require(t)
-	rxe := topo.MustDevice(t, "rxe0")
 	checkNoLeaks(t)
-	dev, err := verbs.Open(rxe.Name)
-	require.NoError(t, err)
-	t.Cleanup(func() { dev.Close() })
-	pd, err := dev.AllocPD()
-	require.NoError(t, err)
-	t.Cleanup(func() { assert.NoError(t, pd.Close()) })
-	port, err := dev.QueryPort(1)
-	require.NoError(t, err)
-	gidIndex := gidIndexFor(t, dev, rxe.IPv4, rxe.Netdev)
-	gid := verbs.GIDFromIP(netip.MustParseAddr(rxe.IPv4))
-
+	dev, pd, port, gid, gidIndex := openRXE(t)
 	a, b := newEndpoint(t, dev, pd, verbs.QPTypeRC), newEndpoint(t, dev, pd, verbs.QPTypeRC)
-	connect := func(self, peer *endpointQP, psn, peerPSN uint32) {
-		steps, err := verbs.ConnParams{Type: verbs.QPTypeRC, Port: 1,
-			Access: verbs.AccessRemoteWrite | verbs.AccessRemoteRead | verbs.AccessRemoteAtomic, SQPSN: psn,
-			Remote: verbs.Remote{QPN: peer.qp.QPN, PSN: peerPSN, GID: gid, ActiveMTU: port.ActiveMTU},
-			Path:   verbs.Path{Global: true, SGIDIndex: uint8(gidIndex), LocalActiveMTU: port.ActiveMTU},
-		}.Steps()
-		require.NoError(t, err)
-		for _, s := range steps {
-			require.NoError(t, self.qp.Modify(&s.Attr, s.Mask), "%v", s.Transition)
-		}
-		assert.Equal(t, verbs.QPStateRTS, self.qp.State())
-	}
 
 	// The seed's pitfalls, refused in Go before the driver sees them.
 	t.Run("pitfalls", func(t *testing.T) {
@@ -163,8 +139,8 @@ func TestRCByHandOnRXE(t *testing.T) {
 		require.NoError(t, a.qp.Modify(&reset, verbs.AttrState))
 	})
 
-	connect(a, b, 100, 200)
-	connect(b, a, 200, 100)
+	connectByHand(t, verbs.QPTypeRC, a, b.qp.QPN, 100, 200, gid, gidIndex, port.ActiveMTU)
+	connectByHand(t, verbs.QPTypeRC, b, a.qp.QPN, 200, 100, gid, gidIndex, port.ActiveMTU)
 	q, err := a.qp.Query(verbs.AttrPathMTU | verbs.AttrDestQPN | verbs.AttrAV)
 	require.NoError(t, err)
 	assert.Equal(t, verbs.QPStateRTS, q.State)
@@ -244,6 +220,97 @@ func TestRCByHandOnRXE(t *testing.T) {
 		assert.True(t, errors.Is(err, context.DeadlineExceeded), "%v", err)
 		assert.Less(t, time.Since(start), 2*time.Second)
 	})
+}
+
+// connectByHand takes self to RTS towards peer with ConnParams.
+func connectByHand(t *testing.T, qpType verbs.QPType, self *endpointQP, peerQPN, psn, peerPSN uint32,
+	gid verbs.GID, gidIndex int, mtu verbs.MTU) {
+	t.Helper()
+	steps, err := verbs.ConnParams{Type: qpType, Port: 1, QKey: udQKey,
+		Access: verbs.AccessRemoteWrite | verbs.AccessRemoteRead | verbs.AccessRemoteAtomic, SQPSN: psn,
+		Remote: verbs.Remote{QPN: peerQPN, PSN: peerPSN, GID: gid},
+		Path:   verbs.Path{Global: true, SGIDIndex: uint8(gidIndex), LocalActiveMTU: mtu},
+	}.Steps()
+	require.NoError(t, err)
+	for _, s := range steps {
+		require.NoError(t, self.qp.Modify(&s.Attr, s.Mask), "%v", s.Transition)
+	}
+	require.Equal(t, verbs.QPStateRTS, self.qp.State())
+}
+
+const udQKey = 0x11111111
+
+func openRXE(t *testing.T) (dev *verbs.Device, pd *verbs.PD, port verbs.PortAttr, gid verbs.GID, gidIndex int) {
+	t.Helper()
+	rxe := testbed.Require(t).MustDevice(t, "rxe0")
+	dev, err := verbs.Open(rxe.Name)
+	require.NoError(t, err)
+	t.Cleanup(func() { dev.Close() })
+	pd, err = dev.AllocPD()
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, pd.Close()) })
+	port, err = dev.QueryPort(1)
+	require.NoError(t, err)
+	return dev, pd, port, verbs.GIDFromIP(netip.MustParseAddr(rxe.IPv4)), gidIndexFor(t, dev, rxe.IPv4, rxe.Netdev)
+}
+
+func TestUCByHandOnRXE(t *testing.T) {
+	checkNoLeaks(t)
+	dev, pd, port, gid, gidIndex := openRXE(t)
+	a, b := newEndpoint(t, dev, pd, verbs.QPTypeUC), newEndpoint(t, dev, pd, verbs.QPTypeUC)
+	connectByHand(t, verbs.QPTypeUC, a, b.qp.QPN, 7, 9, gid, gidIndex, port.ActiveMTU)
+	connectByHand(t, verbs.QPTypeUC, b, a.qp.QPN, 9, 7, gid, gidIndex, port.ActiveMTU)
+
+	copy(a.mr.Bytes(), "unreliable but connected")
+	require.NoError(t, b.qp.PostRecv(verbs.RecvWR{ID: 1, SGEs: []verbs.SGE{b.mr.SGE(0, 64)}}))
+	require.NoError(t, a.qp.PostSend(verbs.SendWR{ID: 2, Opcode: verbs.OpSend, Flags: verbs.SendSignaled,
+		SGEs: []verbs.SGE{a.mr.SGE(0, 24)}}))
+	waitWC(t, a.cq)
+	assert.Equal(t, uint32(24), waitWC(t, b.cq).ByteLen)
+	assert.Equal(t, "unreliable but connected", string(b.mr.Bytes()[:24]))
+
+	require.NoError(t, a.qp.PostSend(verbs.SendWR{ID: 3, Opcode: verbs.OpRDMAWrite, Flags: verbs.SendSignaled,
+		SGEs: []verbs.SGE{a.mr.SGE(0, 10)}, RemoteAddr: b.mr.Addr() + 1000, RKey: b.mr.RKey}))
+	assert.Equal(t, verbs.WCRDMAWrite, waitWC(t, a.cq).Opcode)
+	assert.Eventually(t, func() bool { return string(b.mr.Bytes()[1000:1010]) == "unreliabl"+"e" },
+		5*time.Second, 10*time.Millisecond, "UC writes land without a completion at the target")
+}
+
+func TestUDOnRXE(t *testing.T) {
+	checkNoLeaks(t)
+	dev, pd, _, gid, gidIndex := openRXE(t)
+	a, b := newEndpoint(t, dev, pd, verbs.QPTypeUD), newEndpoint(t, dev, pd, verbs.QPTypeUD)
+	connectByHand(t, verbs.QPTypeUD, a, 0, 1, 0, gid, gidIndex, 0)
+	connectByHand(t, verbs.QPTypeUD, b, 0, 2, 0, gid, gidIndex, 0)
+
+	_, err := pd.CreateAH(verbs.AHAttr{PortNum: 1, GRH: verbs.GlobalRoute{DGID: gid, SGIDIndex: uint8(gidIndex)}})
+	assert.ErrorContains(t, err, "RoCE needs a GRH", "an AH without GRH is refused on RoCE")
+	ah, err := pd.CreateAH(verbs.AHAttr{PortNum: 1, IsGlobal: true,
+		GRH: verbs.GlobalRoute{DGID: gid, SGIDIndex: uint8(gidIndex), HopLimit: 64}})
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, ah.Close()) })
+
+	copy(a.mr.Bytes(), "datagram")
+	// A UD receive buffer starts with room for the 40-byte GRH.
+	require.NoError(t, b.qp.PostRecv(verbs.RecvWR{ID: 1, SGEs: []verbs.SGE{b.mr.SGE(0, 40+64)}}))
+	require.NoError(t, a.qp.PostSend(verbs.SendWR{ID: 2, Opcode: verbs.OpSend, Flags: verbs.SendSignaled,
+		SGEs: []verbs.SGE{a.mr.SGE(0, 8)}, AH: ah, RemoteQPN: b.qp.QPN, RemoteQKey: udQKey}))
+	waitWC(t, a.cq)
+	wc := waitWC(t, b.cq)
+	assert.Equal(t, uint32(40+8), wc.ByteLen)
+	assert.Equal(t, a.qp.QPN, wc.SrcQP)
+	assert.NotZero(t, wc.Flags&verbs.WCWithGRH)
+	assert.Equal(t, "datagram", string(b.mr.Bytes()[40:48]))
+
+	// A wrong Q_Key is dropped by the receiver: nothing arrives.
+	require.NoError(t, b.qp.PostRecv(verbs.RecvWR{ID: 3, SGEs: []verbs.SGE{b.mr.SGE(0, 40+64)}}))
+	require.NoError(t, a.qp.PostSend(verbs.SendWR{ID: 4, Opcode: verbs.OpSend, Flags: verbs.SendSignaled,
+		SGEs: []verbs.SGE{a.mr.SGE(0, 8)}, AH: ah, RemoteQPN: b.qp.QPN, RemoteQKey: udQKey + 1}))
+	waitWC(t, a.cq)
+	time.Sleep(200 * time.Millisecond)
+	n, err := b.cq.Poll(make([]verbs.WorkCompletion, 1))
+	require.NoError(t, err)
+	assert.Zero(t, n, "a datagram with the wrong Q_Key is not delivered")
 }
 
 func TestManualTransitionsRefusedOnSIW(t *testing.T) {
