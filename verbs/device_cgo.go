@@ -9,6 +9,12 @@ package verbs
 #include <infiniband/verbs.h>
 
 // ibv_query_port is a macro; cgo needs a function.
+// The event's element is a union; cgo sees bytes.
+static uint32_t rdmago_event_qpn(struct ibv_async_event *ev) {
+	return ev->element.qp ? ev->element.qp->qp_num : 0;
+}
+static int rdmago_event_port(struct ibv_async_event *ev) { return ev->element.port_num; }
+
 static int rdmago_query_port(struct ibv_context *ctx, uint8_t port, struct ibv_port_attr *attr) {
 	return ibv_query_port(ctx, port, attr);
 }
@@ -16,10 +22,16 @@ static int rdmago_query_port(struct ibv_context *ctx, uint8_t port, struct ibv_p
 import "C"
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"os"
 	"sync"
 	"syscall"
+	"time"
 	"unsafe"
+
+	"golang.org/x/sys/unix"
 )
 
 // Devices lists the RDMA devices of this host (ibv_get_device_list).
@@ -67,6 +79,9 @@ type Device struct {
 
 	mu  sync.Mutex
 	ctx *C.struct_ibv_context
+
+	stopEvents func()        // ends the event reader, if one runs
+	eventsDone chan struct{} // closed when it has ended
 }
 
 // Open opens the device with the given name.
@@ -94,8 +109,16 @@ func Open(name string) (*Device, error) {
 		Hint: fmt.Sprintf("no such RDMA device; this host has %v", names)}
 }
 
-// Close releases the device.
+// Close releases the device, ending its Events channel first.
 func (d *Device) Close() error {
+	d.mu.Lock()
+	stop, done := d.stopEvents, d.eventsDone
+	d.stopEvents = nil
+	d.mu.Unlock()
+	if stop != nil {
+		stop()
+		<-done
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.ctx == nil {
@@ -262,4 +285,79 @@ func errnoOf(err error) error {
 		return syscall.EIO
 	}
 	return err
+}
+
+// Events delivers the device's asynchronous events (port up and down, GID
+// table changes, QP errors, device fatal) until ctx ends or the device is
+// closed; then the channel is closed. Each event is acknowledged once read.
+// The device's async fd waits in Go's runtime poller. One reader per device.
+func (d *Device) Events(ctx context.Context) (<-chan AsyncEvent, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.ctx == nil {
+		return nil, &OpError{Op: "events", Device: d.Info.Name, Err: syscall.EBADF, Hint: "the device is closed"}
+	}
+	if d.stopEvents != nil {
+		select {
+		case <-d.eventsDone: // the previous reader has ended
+		default:
+			return nil, &OpError{Op: "events", Device: d.Info.Name, Err: syscall.EBUSY, Hint: "the device already has an event reader"}
+		}
+	}
+	fd := int(d.ctx.async_fd)
+	if err := unix.SetNonblock(fd, true); err != nil {
+		return nil, &OpError{Op: "set async fd non-blocking", Device: d.Info.Name, Err: err}
+	}
+	dup, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return nil, &OpError{Op: "dup async fd", Device: d.Info.Name, Err: err}
+	}
+	file := os.NewFile(uintptr(dup), "rdma-async-events")
+	raw, err := file.SyscallConn()
+	if err != nil {
+		file.Close()
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	stopWake := context.AfterFunc(ctx, func() { file.SetReadDeadline(time.Unix(1, 0)) })
+	out := make(chan AsyncEvent, 16)
+	done := make(chan struct{})
+	d.stopEvents, d.eventsDone = cancel, done
+	ibctx, name := d.ctx, d.Info.Name
+	go func() {
+		defer close(done)
+		defer close(out)
+		defer file.Close()
+		defer stopWake()
+		for {
+			var ev AsyncEvent
+			err := raw.Read(func(uintptr) bool {
+				var e C.struct_ibv_async_event
+				if C.ibv_get_async_event(ibctx, &e) != 0 {
+					return false // EAGAIN: wait in the poller
+				}
+				ev = AsyncEvent{Device: name, Type: EventType(e.event_type)}
+				if ev.Type.isPortEvent() {
+					ev.Port = int(C.rdmago_event_port(&e))
+				} else if ev.Type.isQPEvent() {
+					ev.QPN = uint32(C.rdmago_event_qpn(&e))
+				}
+				C.ibv_ack_async_event(&e)
+				return true
+			})
+			if err != nil {
+				if ctx.Err() == nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+					// The fd failed: nothing more will come.
+					cancel()
+				}
+				return
+			}
+			select {
+			case out <- ev:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	return out, nil
 }

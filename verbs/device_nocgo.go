@@ -2,6 +2,8 @@
 
 package verbs
 
+import "context"
+
 // Devices needs libibverbs: without cgo it returns ErrNoCgo.
 func Devices() ([]DeviceInfo, error) { return nil, ErrNoCgo }
 
@@ -42,3 +44,6 @@ func (d *Device) AllocPD() (*PD, error) { return nil, ErrNoCgo }
 
 // CreateCQ returns ErrNoCgo without cgo.
 func (d *Device) CreateCQ(entries int) (*CQ, error) { return nil, ErrNoCgo }
+
+// Events returns ErrNoCgo without cgo.
+func (d *Device) Events(ctx context.Context) (<-chan AsyncEvent, error) { return nil, ErrNoCgo }
