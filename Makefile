@@ -51,6 +51,8 @@ prepare: $(RDMAVM)
 integration: prepare
 	@echo "== integration tests inside a guest with rxe and siw (one boot per package)"
 	go test -p 1 -count=1 -race -v -tags integration -exec "$(RDMAVM) exec" $(INTEGRATION_PKGS)
+	@echo "== the verbs integration tests again under cgocheck2: no Go pointer kept by C or handed to the NIC"
+	GOEXPERIMENT=cgocheck2 go test -count=1 -tags integration -exec "$(RDMAVM) exec" ./verbs
 
 testbed: prepare
 	@echo "== tests that boot guests from the host (two RoCE hosts, faults)"

@@ -91,7 +91,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -513,8 +515,13 @@ func (q *QP) Modify(attr *QPAttr, mask AttrMask) error {
 		err = ValidateAttr(q.Type, from, to, attr, mask)
 	}
 	if err != nil {
-		return &OpError{Op: "modify QP", Device: dev.Info.Name, Port: port, QPN: q.QPN,
+		e := &OpError{Op: "modify QP", Device: dev.Info.Name, Port: port, QPN: q.QPN,
 			Detail: Transition{from, to}.String(), Err: err}
+		var ae *AttrError
+		if errors.As(err, &ae) && mask&AttrAV != 0 && port > 0 {
+			e.Hint = gidSuggestions(dev, port)
+		}
+		return e
 	}
 	ca := attrToC(attr)
 	if rc := C.ibv_modify_qp(q.qp, &ca, C.int(mask)); rc != 0 {
@@ -713,4 +720,33 @@ func attrFromC(c *C.struct_ibv_qp_attr) QPAttr {
 		RNRRetry: uint8(c.rnr_retry), AltPortNum: uint8(c.alt_port_num), AltTimeout: ACKTimeout(c.alt_timeout),
 		RateLimit: uint32(c.rate_limit),
 	}
+}
+
+// gidSuggestions lists a port's routable RoCE GID entries, for errors about
+// the address vector. The right one is the entry of the source address on
+// the egress netdev (what the kernel CM and our resolver choose).
+func gidSuggestions(dev *Device, port int) string {
+	table, err := dev.GIDTable()
+	if err != nil {
+		return ""
+	}
+	var cands []string
+	for _, e := range table {
+		ip := e.GID.IP()
+		if e.Port != port || ip.IsLinkLocalUnicast() || (e.Type != GIDTypeRoCEv2 && e.Type != GIDTypeRoCEv1) {
+			continue
+		}
+		netdev := "?"
+		if ifc, err := net.InterfaceByIndex(e.NetdevIndex); err == nil {
+			netdev = ifc.Name
+		}
+		cands = append(cands, fmt.Sprintf("%d (%v, %v, %s)", e.Index, ip, e.Type, netdev))
+	}
+	if len(cands) == 0 {
+		return "the port's GID table has no routable RoCE entry: does its netdev have an IP address?"
+	}
+	if len(cands) > 6 {
+		cands = append(cands[:6], "…")
+	}
+	return "GID indexes of this port by source address: " + strings.Join(cands, ", ")
 }

@@ -118,6 +118,8 @@ func TestRCByHandOnRXE(t *testing.T) {
 			verbs.AttrMaxDestRdAtomic | verbs.AttrMinRNRTimer
 		err := a.qp.Modify(&rtr, mask)
 		assert.ErrorContains(t, err, "RoCE needs a GRH")
+		assert.ErrorContains(t, err, fmt.Sprintf("GID indexes of this port by source address: %d (%v, RoCE v2, veth-rxe)",
+			gidIndex, gid.IP()), "the error suggests the GID index of each address")
 		assert.ErrorContains(t, err, "device rxe0, port 1")
 		assert.ErrorContains(t, err, fmt.Sprintf("QP %#x", a.qp.QPN))
 
