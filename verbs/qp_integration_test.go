@@ -79,7 +79,7 @@ func newEndpoint(t *testing.T, dev *verbs.Device, pd *verbs.PD, qpType verbs.QPT
 	require.NoError(t, err)
 	t.Cleanup(func() { assert.NoError(t, mr.Close()) })
 	qp, err := pd.CreateQP(verbs.QPInit{Type: qpType, SendCQ: cq, RecvCQ: cq,
-		Cap: verbs.QPCap{MaxSendWR: 32, MaxRecvWR: 32, MaxSendSGE: 2, MaxRecvSGE: 2}})
+		Cap: verbs.QPCap{MaxSendWR: 32, MaxRecvWR: 32, MaxSendSGE: 2, MaxRecvSGE: 2, MaxInlineData: 64}})
 	require.NoError(t, err)
 	t.Cleanup(func() { assert.NoError(t, qp.Close()) })
 	return &endpointQP{qp: qp, cq: cq, mr: mr}
@@ -213,6 +213,18 @@ func TestRCByHandOnRXE(t *testing.T) {
 			assert.Equal(t, byte('a'+i), bbuf[50000+64*i])
 			waitWC(t, a.cq)
 		}
+	})
+	t.Run("inline send", func(t *testing.T) {
+		// Inline data is copied into the work request at post time: the
+		// buffer may be reused at once.
+		copy(abuf[60000:], "inline!")
+		require.NoError(t, b.qp.PostRecv(verbs.RecvWR{ID: 9, SGEs: []verbs.SGE{b.mr.SGE(61000, 64)}}))
+		require.NoError(t, a.qp.PostSend(verbs.SendWR{ID: 10, Opcode: verbs.OpSend, Flags: verbs.SendSignaled | verbs.SendInline,
+			SGEs: []verbs.SGE{a.mr.SGE(60000, 7)}}))
+		copy(abuf[60000:], "changed")
+		waitWC(t, a.cq)
+		assert.Equal(t, uint32(7), waitWC(t, b.cq).ByteLen)
+		assert.Equal(t, "inline!", string(bbuf[61000:61007]))
 	})
 	t.Run("wait honours context", func(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
