@@ -6,6 +6,7 @@
 package testbed_test
 
 import (
+	"bytes"
 	"context"
 	"net/netip"
 	"strings"
@@ -33,7 +34,7 @@ func bootPair(t *testing.T) (a, b *testbed.Guest) {
 
 type guestProcess struct {
 	cmd *testbed.Cmd
-	out *syncBuffer
+	out *bytes.Buffer
 }
 
 func (p *guestProcess) wait() (string, error) {
@@ -45,7 +46,7 @@ func remote(g *testbed.Guest) endpoint {
 	run := func(ctx context.Context, netns string, argv ...string) (process, error) {
 		cmd := g.Command(ctx, argv[0], argv[1:]...)
 		cmd.Netns = netns
-		out := &syncBuffer{}
+		out := &bytes.Buffer{}
 		cmd.Stdout, cmd.Stderr = out, out
 		if err := cmd.Start(); err != nil {
 			return nil, err

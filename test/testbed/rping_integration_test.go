@@ -3,6 +3,7 @@
 package testbed_test
 
 import (
+	"bytes"
 	"context"
 	"net/netip"
 	"os/exec"
@@ -13,7 +14,7 @@ import (
 
 type localProcess struct {
 	cmd *exec.Cmd
-	out *syncBuffer
+	out *bytes.Buffer
 }
 
 func (p *localProcess) wait() (string, error) {
@@ -27,7 +28,7 @@ func inGuest(ctx context.Context, netns string, argv ...string) (process, error)
 		argv = append([]string{"ip", "netns", "exec", netns}, argv...)
 	}
 	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
-	out := &syncBuffer{}
+	out := &bytes.Buffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		return nil, err

@@ -3,17 +3,18 @@
 package testbed_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"net/netip"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 )
 
-// process is a started command: wait returns its combined output.
+// process is a started command: wait returns its combined output. Output is
+// read only after the command ended, and each command has one writer (os/exec
+// serialises a shared Stdout/Stderr; the guest agent writes from one
+// goroutine), so a bytes.Buffer suffices.
 type process interface {
 	wait() (string, error)
 }
@@ -63,22 +64,4 @@ func checkRping(t *testing.T, srv, cli endpoint, addr netip.AddrPort, count int)
 	if got := strings.Count(sout, "server ping data: rdma-ping-"); got != count {
 		t.Errorf("server completed %d pings, want %d:\n%s", got, count, sout)
 	}
-}
-
-// syncBuffer collects a command's stdout and stderr from two writers.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
