@@ -56,7 +56,7 @@ integration: prepare
 
 testbed: prepare
 	@echo "== tests that boot guests from the host (two RoCE hosts, faults)"
-	go test -count=1 -v -tags testbed -run . $(TESTBED_PKGS)
+	go test -p 1 -count=1 -v -tags testbed -run . $(TESTBED_PKGS)
 
 demo: prepare
 	@echo "== demo: the RDMA devices of a test bed guest, seen through rdmago/verbs"

@@ -8,6 +8,7 @@ require (
 )
 
 require (
+	github.com/vishvananda/netlink v1.3.1 // indirect
 	go.yaml.in/yaml/v3 v3.0.5 // indirect
 	golang.org/x/sys v0.49.0 // indirect
 )
