@@ -1,0 +1,77 @@
+package resolver
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+
+	"github.com/rdmago/rdmago/verbs"
+)
+
+// ReadTable reads every port's GID table through verbs (type, netdev and
+// active MTU in one query per device), or from sysfs in binaries built
+// without cgo.
+func ReadTable() (*Table, error) {
+	t, err := ReadVerbs()
+	if errors.Is(err, verbs.ErrNoCgo) {
+		return ReadSysfs(os.DirFS(SysfsRoot))
+	}
+	return t, err
+}
+
+// ReadVerbs reads the GID tables with ibv_query_gid_table. Netdev names are
+// looked up in the caller's network namespace; entries of netdevs in other
+// namespaces keep an empty name.
+func ReadVerbs() (*Table, error) {
+	infos, err := verbs.Devices()
+	if err != nil {
+		return nil, err
+	}
+	if len(infos) == 0 {
+		return nil, fmt.Errorf("resolver: %w on this host", errNoTable)
+	}
+	t := &Table{Source: "verbs"}
+	for _, info := range infos {
+		if err := readDevice(t, info); err != nil {
+			return nil, err
+		}
+	}
+	return t, nil
+}
+
+func readDevice(t *Table, info verbs.DeviceInfo) error {
+	dev, err := verbs.Open(info.Name)
+	if err != nil {
+		return err
+	}
+	defer dev.Close()
+	attr, err := dev.Query()
+	if err != nil {
+		return err
+	}
+	table, err := dev.GIDTable()
+	if err != nil {
+		return err
+	}
+	for n := 1; n <= attr.PhysicalPortCount; n++ {
+		pa, err := dev.QueryPort(n)
+		if err != nil {
+			return err
+		}
+		p := Port{Device: info.Name, Port: n, Transport: info.Transport, LinkLayer: pa.LinkLayer,
+			State: pa.State, ActiveMTU: pa.ActiveMTU}
+		for _, e := range table {
+			if e.Port != n {
+				continue
+			}
+			ge := GIDEntry{Index: e.Index, GID: e.GID, Type: e.Type}
+			if ifc, err := net.InterfaceByIndex(e.NetdevIndex); e.NetdevIndex != 0 && err == nil {
+				ge.Netdev = ifc.Name
+			}
+			p.GIDs = append(p.GIDs, ge)
+		}
+		t.Ports = append(t.Ports, p)
+	}
+	return nil
+}

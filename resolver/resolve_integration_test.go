@@ -1,0 +1,161 @@
+//go:build integration
+
+package resolver_test
+
+import (
+	"context"
+	"net/netip"
+	"os/exec"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/rdmago/rdmago/internal/cmprobe"
+	"github.com/rdmago/rdmago/resolver"
+	"github.com/rdmago/rdmago/test/testbed"
+	"github.com/rdmago/rdmago/verbs"
+)
+
+func run(t *testing.T, args ...string) {
+	t.Helper()
+	out, err := exec.Command(args[0], args[1:]...).CombinedOutput()
+	require.NoError(t, err, "%v: %s", args, out)
+}
+
+// checkAgainstKernel resolves src→dst and connects the same addresses
+// through the kernel CM: the GID index must be the one the CM used.
+func checkAgainstKernel(t *testing.T, src, dst string, port uint16) *resolver.Path {
+	t.Helper()
+	s, d := netip.MustParseAddr(src), netip.MustParseAddr(dst)
+	path, err := resolver.Resolve(context.Background(), d, resolver.Options{Source: s})
+	require.NoError(t, err)
+	active, passive, err := cmprobe.SGIDIndexes(s, d, port, 5*time.Second)
+	require.NoError(t, err)
+	assert.Equal(t, active, path.GIDIndex, "resolver vs kernel CM (active side) for %s → %s:\n%s", src, dst, path.Explain())
+	assert.Equal(t, passive, path.GIDIndex, "same addresses, same entry on the passive side")
+	assert.Equal(t, verbs.GIDTypeRoCEv2, path.GIDType)
+	return path
+}
+
+func TestResolveMatchesKernelCM(t *testing.T) {
+	rxe := testbed.Require(t).MustDevice(t, "rxe0")
+	ll := rxe.IPv6LinkLocal
+	cases := []struct{ name, addr string }{
+		{"IPv4", rxe.IPv4},
+		{"IPv6 global", rxe.IPv6},
+		{"IPv6 link-local", ll + "%" + rxe.Netdev},
+		{"VLAN IPv4", rxe.VLAN.IPv4},
+		{"VLAN IPv6", rxe.VLAN.IPv6},
+		// The VLAN upper inherits the MAC: same link-local value, another entry.
+		{"VLAN link-local", ll + "%" + rxe.VLAN.Netdev},
+	}
+	indexOf := map[string]int{}
+	for i, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			p := checkAgainstKernel(t, tc.addr, tc.addr, uint16(7500+i))
+			indexOf[tc.name] = p.GIDIndex
+			assert.Equal(t, rxe.Name, p.Device)
+			assert.Equal(t, verbs.KindRoCE, p.Kind)
+		})
+	}
+	assert.NotEqual(t, indexOf["IPv6 link-local"], indexOf["VLAN link-local"],
+		"equal GID values on two netdevs are two entries: matching by value alone would be wrong")
+
+	t.Run("secondary address, then a deleted slot reused", func(t *testing.T) {
+		run(t, "ip", "addr", "add", "10.10.0.2/24", "dev", rxe.Netdev)
+		t.Cleanup(func() { exec.Command("ip", "addr", "flush", "dev", rxe.Netdev, "to", "10.10.0.2/32").Run() })
+		first := checkAgainstKernel(t, "10.10.0.2", "10.10.0.2", 7600)
+		run(t, "ip", "addr", "del", "10.10.0.2/24", "dev", rxe.Netdev)
+		run(t, "ip", "addr", "add", "10.10.0.3/24", "dev", rxe.Netdev)
+		t.Cleanup(func() { exec.Command("ip", "addr", "del", "10.10.0.3/24", "dev", rxe.Netdev).Run() })
+		time.Sleep(200 * time.Millisecond) // the GID cache updates from a work queue
+		second := checkAgainstKernel(t, "10.10.0.3", "10.10.0.3", 7601)
+		assert.Equal(t, first.GIDIndex, second.GIDIndex, "the new address reuses the freed slot")
+		_, err := resolver.Resolve(context.Background(), netip.MustParseAddr("10.10.0.2"),
+			resolver.Options{Source: netip.MustParseAddr("10.10.0.2")})
+		assert.Error(t, err, "the deleted address resolves no more")
+	})
+}
+
+func TestResolveWithoutSource(t *testing.T) {
+	rxe := testbed.Require(t).MustDevice(t, "rxe0")
+	p, err := resolver.Resolve(context.Background(), netip.MustParseAddr(rxe.IPv4), resolver.Options{})
+	require.NoError(t, err)
+	assert.Equal(t, rxe.IPv4, p.Source.String())
+	assert.Equal(t, rxe.Netdev, p.Netdev)
+	assert.Contains(t, p.Explain(), "which RDMA does not; like the kernel, leave by "+rxe.Netdev)
+	assert.Equal(t, verbs.MTU1024, p.PathMTU, "1500-byte netdev")
+	assert.Equal(t, verbs.MTU1024, p.ActiveMTU)
+
+	vp, err := resolver.Resolve(context.Background(), netip.MustParseAddr(rxe.VLAN.IPv4), resolver.Options{})
+	require.NoError(t, err)
+	assert.Equal(t, rxe.VLAN.ID, vp.VLAN)
+	assert.Equal(t, rxe.VLAN.Netdev, vp.Netdev)
+}
+
+func TestResolveIWARP(t *testing.T) {
+	siw := testbed.Require(t).MustDevice(t, "siw0")
+	p, err := resolver.Resolve(context.Background(), netip.MustParseAddr(siw.IPv4), resolver.Options{})
+	require.NoError(t, err)
+	assert.Equal(t, siw.Name, p.Device)
+	assert.Equal(t, verbs.KindIWARP, p.Kind)
+	assert.Equal(t, -1, p.GIDIndex, "no GID logic on iWARP")
+	assert.Contains(t, p.Explain(), "iWARP: no GID to choose")
+}
+
+// A manual RC connection built only from resolver output passes data.
+func TestManualConnectionFromResolver(t *testing.T) {
+	rxe := testbed.Require(t).MustDevice(t, "rxe0")
+	p, err := resolver.Resolve(context.Background(), netip.MustParseAddr(rxe.IPv4), resolver.Options{})
+	require.NoError(t, err)
+	dev, err := verbs.Open(p.Device)
+	require.NoError(t, err)
+	defer dev.Close()
+	pd, err := dev.AllocPD()
+	require.NoError(t, err)
+	defer pd.Close()
+	cq, err := dev.CreateCQ(16)
+	require.NoError(t, err)
+	defer cq.Close()
+	mr, err := pd.RegisterMemory(4096, verbs.AccessLocalWrite)
+	require.NoError(t, err)
+	defer mr.Close()
+	var qps [2]*verbs.QP
+	for i := range qps {
+		qps[i], err = pd.CreateQP(verbs.QPInit{Type: verbs.QPTypeRC, SendCQ: cq, RecvCQ: cq,
+			Cap: verbs.QPCap{MaxSendWR: 4, MaxRecvWR: 4, MaxSendSGE: 1, MaxRecvSGE: 1}})
+		require.NoError(t, err)
+		defer qps[i].Close()
+	}
+	for i, qp := range qps {
+		peer := qps[1-i]
+		steps, err := verbs.ConnParams{Type: verbs.QPTypeRC, Port: uint8(p.Port), SQPSN: uint32(i),
+			Remote: verbs.Remote{QPN: peer.QPN, PSN: uint32(1 - i), GID: p.GID}, Path: p.ConnPath()}.Steps()
+		require.NoError(t, err)
+		for _, s := range steps {
+			require.NoError(t, qp.Modify(&s.Attr, s.Mask))
+		}
+	}
+	copy(mr.Bytes(), "resolved")
+	require.NoError(t, qps[1].PostRecv(verbs.RecvWR{ID: 1, SGEs: []verbs.SGE{mr.SGE(1000, 100)}}))
+	require.NoError(t, qps[0].PostSend(verbs.SendWR{ID: 2, Opcode: verbs.OpSend, Flags: verbs.SendSignaled,
+		SGEs: []verbs.SGE{mr.SGE(0, 8)}}))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	got := 0
+	wcs := make([]verbs.WorkCompletion, 4)
+	for got < 2 {
+		n, err := cq.Poll(wcs)
+		require.NoError(t, err)
+		for _, wc := range wcs[:n] {
+			require.NoError(t, wc.Err())
+		}
+		got += n
+		if n == 0 {
+			require.NoError(t, cq.Wait(ctx))
+		}
+	}
+	assert.Equal(t, "resolved", string(mr.Bytes()[1000:1008]))
+}

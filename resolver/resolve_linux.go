@@ -1,0 +1,274 @@
+package resolver
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"net/netip"
+	"os"
+
+	"github.com/vishvananda/netlink"
+
+	"github.com/rdmago/rdmago/verbs"
+)
+
+// Options refine Resolve.
+type Options struct {
+	// Source is the local address to send from (rdma_resolve_addr's source).
+	// Default: the route's preferred source.
+	Source netip.Addr
+	// Interface makes the route leave by this netdev.
+	Interface string
+	// RoCE is the GID type; default: the port's default (see DefaultGIDType).
+	RoCE RoCEVersion
+	// Table is the GID tables to choose from; nil reads them (ReadTable).
+	Table *Table
+	// Configfs is the configfs root for default_roce_mode; nil reads
+	// /sys/kernel/config when present.
+	Configfs fs.FS
+}
+
+// Resolve finds the RDMA path to dst as the kernel CM would: route lookup
+// for dst (with the source and interface if given) gives the egress netdev
+// and source address; the RDMA port is the one with GID entries for that
+// netdev; the GID entry is the one holding the source address, of the port's
+// default type, tagged with the egress netdev. A destination on this host
+// routes through lo, which RDMA does not use: as the kernel does, the path
+// then leaves by the netdev that owns the address.
+//
+// It runs in the caller's network namespace. On failure the error is a
+// *ResolveError whose Path explains what was decided before it failed.
+func Resolve(ctx context.Context, dst netip.Addr, opts Options) (*Path, error) {
+	p := &Path{Destination: dst, GIDIndex: -1, HopLimit: 64}
+	fail := func(err error) (*Path, error) {
+		p.note("FAILED: %v", err)
+		return nil, &ResolveError{Path: p, Err: err}
+	}
+	if !dst.IsValid() {
+		return fail(fmt.Errorf("resolver: no destination address"))
+	}
+	if err := ctx.Err(); err != nil {
+		return fail(err)
+	}
+	table := opts.Table
+	if table == nil {
+		var err error
+		if table, err = ReadTable(); err != nil {
+			return fail(err)
+		}
+	}
+
+	// Route.
+	ro := &netlink.RouteGetOptions{Oif: opts.Interface}
+	if opts.Source.IsValid() {
+		ro.SrcAddr = net.IP(opts.Source.AsSlice())
+	}
+	if z := dst.Zone(); z != "" && ro.Oif == "" {
+		ro.Oif = z
+	}
+	if dst.Is6() && dst.IsLinkLocalUnicast() && ro.Oif == "" {
+		return fail(fmt.Errorf("resolver: %v: %w: a link-local destination needs its zone (%v%%netdev) or Options.Interface",
+			dst, ErrNoRoute, dst))
+	}
+	routes, err := netlink.RouteGetWithOptions(net.IP(dst.WithZone("").AsSlice()), ro)
+	if err != nil || len(routes) == 0 {
+		return fail(fmt.Errorf("resolver: %v (source %v, interface %q): %w: %v; check 'ip route get %v'",
+			dst, opts.Source, opts.Interface, ErrNoRoute, err, dst.WithZone("")))
+	}
+	r := routes[0]
+	link, err := netlink.LinkByIndex(r.LinkIndex)
+	if err != nil {
+		return fail(fmt.Errorf("resolver: route to %v leaves by ifindex %d: %w", dst, r.LinkIndex, err))
+	}
+	desc := fmt.Sprintf("route to %v: dev %s", dst, link.Attrs().Name)
+	if r.Gw != nil {
+		p.Gateway, _ = netip.AddrFromSlice(r.Gw)
+		p.Gateway = p.Gateway.Unmap()
+		desc += fmt.Sprintf(" via %v", p.Gateway)
+	}
+	if r.Src != nil {
+		desc += fmt.Sprintf(" src %v", r.Src)
+	}
+	p.note("%s", desc)
+
+	src := opts.Source
+	if src.IsValid() {
+		p.note("source %v: given", src)
+	} else if a, ok := netip.AddrFromSlice(r.Src); ok {
+		src = a.Unmap()
+		p.note("source %v: the route's preferred source", src)
+	}
+	if link.Attrs().Flags&net.FlagLoopback != 0 {
+		// Local destination: RDMA does not run on lo; use the netdev that owns the address.
+		owner := src
+		if !owner.IsValid() {
+			owner = dst
+		}
+		l, err := linkWithAddr(owner)
+		if err != nil {
+			return fail(fmt.Errorf("resolver: %v is local, but no netdev holds %v: %w", dst, owner, err))
+		}
+		p.note("%v is on this host: the route uses lo, which RDMA does not; like the kernel, leave by %s, which holds %v",
+			dst, l.Attrs().Name, owner)
+		link = l
+		if !src.IsValid() {
+			src = dst.WithZone("")
+		}
+	}
+	if !src.IsValid() {
+		if src, err = pickSource(link, dst); err != nil {
+			return fail(err)
+		}
+		p.note("source %v: an address of %s in the destination's scope (the route named none)", src, link.Attrs().Name)
+	}
+	if src.Is6() && src.IsLinkLocalUnicast() {
+		src = src.WithZone(link.Attrs().Name)
+	}
+	p.Source = src
+	p.Netdev, p.NetdevIndex, p.NetdevMTU = link.Attrs().Name, link.Attrs().Index, link.Attrs().MTU
+	if v, ok := link.(*netlink.Vlan); ok {
+		p.VLAN = v.VlanId
+		p.note("egress netdev %s (ifindex %d, MTU %d) is VLAN %d", p.Netdev, p.NetdevIndex, p.NetdevMTU, p.VLAN)
+	} else {
+		p.note("egress netdev %s (ifindex %d, MTU %d)", p.Netdev, p.NetdevIndex, p.NetdevMTU)
+	}
+
+	// Port.
+	port, others := findPort(table, p.Netdev, link.Attrs().HardwareAddr)
+	if port == nil {
+		return fail(fmt.Errorf("resolver: %s (holding %v): %w; create one (rdma link add rxe0 type rxe netdev %s) "+
+			"or reach %v by a netdev that has one", p.Netdev, src, ErrNoRDMADevice, p.Netdev, dst))
+	}
+	p.Device, p.Port, p.Kind, p.KindName = port.Device, port.Port, port.Kind(), port.Kind().String()
+	p.ActiveMTU = port.ActiveMTU
+	p.note("RDMA device %v (%v) serves %s", port, p.Kind, p.Netdev)
+	for _, o := range others {
+		p.note("note: %v also serves %s; the kernel CM takes the device registered first", o, p.Netdev)
+	}
+
+	// MTU.
+	room := verbs.MTUForNetdev(p.NetdevMTU)
+	p.PathMTU = room
+	if p.ActiveMTU.Valid() && p.ActiveMTU < room {
+		p.PathMTU = p.ActiveMTU
+	}
+	p.note("path MTU %v: netdev MTU %d leaves room for %v, port active MTU %v (the peer's must be taken into account too)",
+		p.PathMTU, p.NetdevMTU, room, mtuText(p.ActiveMTU))
+
+	switch p.Kind {
+	case verbs.KindIWARP:
+		p.note("iWARP: no GID to choose; the iWARP CM connects by IP address and moves the QP itself")
+		return p, nil
+	case verbs.KindInfiniBand:
+		p.note("InfiniBand: LID-based within the subnet; a GRH (and so a GID) is needed only across subnets")
+	}
+
+	// GID.
+	want, why := DefaultGIDType(port, configfsOr(opts.Configfs))
+	if opts.RoCE != RoCEDefault {
+		want, why = opts.RoCE.gidType(), "asked for"
+	}
+	p.note("GID type %v: %s", want, why)
+	entry, cands, err := SelectGID(port, src, p.Netdev, want)
+	p.Candidates = cands
+	for _, c := range cands {
+		if c.Chosen {
+			p.note("  index %d %v %v %s: chosen (source address, %v, netdev %s)", c.Entry.Index, c.Entry.GID, c.Entry.Type,
+				orUnknown(c.Entry.Netdev), want, p.Netdev)
+		} else {
+			p.note("  index %d %v %v %s: %s", c.Entry.Index, c.Entry.GID, c.Entry.Type, orUnknown(c.Entry.Netdev), c.Rejected)
+		}
+	}
+	if err != nil {
+		return fail(err)
+	}
+	p.GIDIndex, p.GID, p.GIDType = entry.Index, entry.GID, entry.Type
+	p.GIDText, p.TypeName = entry.GID.String(), entry.Type.String()
+	p.note("GID index %d", p.GIDIndex)
+	return p, nil
+}
+
+func mtuText(m verbs.MTU) string {
+	if !m.Valid() {
+		return "unknown (sysfs does not publish it)"
+	}
+	return m.String()
+}
+
+func configfsOr(f fs.FS) fs.FS {
+	if f != nil {
+		return f
+	}
+	if _, err := os.Stat(ConfigfsRoot + "/rdma_cm"); err == nil {
+		return os.DirFS(ConfigfsRoot)
+	}
+	return nil
+}
+
+// findPort returns the port serving netdev: a RoCE or IB port with GID
+// entries tagged with it, else an iWARP port bound to it (by ndev name where
+// the kernel gives one, else by the MAC its GID holds).
+func findPort(t *Table, netdev string, mac net.HardwareAddr) (*Port, []*Port) {
+	var found []*Port
+	for i := range t.Ports {
+		p := &t.Ports[i]
+		for _, e := range p.GIDs {
+			byName := e.Netdev == netdev
+			byMAC := p.Kind() == verbs.KindIWARP && e.Netdev == "" && len(mac) == 6 && bytes.Equal(e.GID[:6], mac)
+			if byName || byMAC {
+				found = append(found, p)
+				break
+			}
+		}
+	}
+	if len(found) == 0 {
+		return nil, nil
+	}
+	return found[0], found[1:]
+}
+
+// linkWithAddr returns the netdev holding a. A zone names it: a link-local
+// value may sit on several netdevs (a VLAN upper inherits its parent's MAC,
+// and so its link-local address).
+func linkWithAddr(a netip.Addr) (netlink.Link, error) {
+	if z := a.Zone(); z != "" {
+		return netlink.LinkByName(z)
+	}
+	family := netlink.FAMILY_V4
+	if a.Is6() {
+		family = netlink.FAMILY_V6
+	}
+	addrs, err := netlink.AddrList(nil, family)
+	if err != nil {
+		return nil, err
+	}
+	for _, ad := range addrs {
+		if x, ok := netip.AddrFromSlice(ad.IP); ok && x.Unmap() == a {
+			return netlink.LinkByIndex(ad.LinkIndex)
+		}
+	}
+	return nil, errors.New("address not configured")
+}
+
+// pickSource chooses an address of link in the destination's family and
+// scope, for routes without a preferred source (often IPv6).
+func pickSource(link netlink.Link, dst netip.Addr) (netip.Addr, error) {
+	family := netlink.FAMILY_V4
+	if dst.Is6() && !dst.Is4In6() {
+		family = netlink.FAMILY_V6
+	}
+	addrs, err := netlink.AddrList(link, family)
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("resolver: addresses of %s: %w", link.Attrs().Name, err)
+	}
+	for _, ad := range addrs {
+		a, ok := netip.AddrFromSlice(ad.IP)
+		if ok && a.IsLinkLocalUnicast() == dst.IsLinkLocalUnicast() {
+			return a.Unmap(), nil
+		}
+	}
+	return netip.Addr{}, fmt.Errorf("resolver: %s has no address to reach %v from: %w", link.Attrs().Name, dst, ErrNoGIDForSource)
+}
