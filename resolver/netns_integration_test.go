@@ -1,0 +1,136 @@
+//go:build integration
+
+package resolver_test
+
+import (
+	"context"
+	"net/netip"
+	"os/exec"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/rdmago/rdmago/resolver"
+	"github.com/rdmago/rdmago/test/testbed"
+	"github.com/rdmago/rdmago/verbs"
+)
+
+// Route, egress and source decisions with the real netlink of a throw-away
+// namespace. It runs in the guest because the host kernel has no dummy or
+// VLAN links. The GID table is a fixture naming the namespace's netdevs.
+func TestResolveRoutesInNetns(t *testing.T) {
+	testbed.Require(t)
+	const ns = "resolver-test"
+	sh := func(args ...string) {
+		t.Helper()
+		out, err := exec.Command("ip", append([]string{"-n", ns}, args...)...).CombinedOutput()
+		require.NoError(t, err, "ip -n %s %v: %s", ns, args, out)
+	}
+	run(t, "ip", "netns", "add", ns)
+	t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })
+	sh("link", "set", "lo", "up")
+	for _, l := range []string{"dummy0", "dummy1", "dummy2"} {
+		sh("link", "add", l, "type", "dummy")
+		sh("link", "set", l, "up")
+	}
+	sh("link", "add", "link", "dummy0", "name", "dummy0.7", "type", "vlan", "id", "7")
+	sh("link", "set", "dummy0.7", "up")
+	sh("addr", "add", "10.1.0.1/24", "dev", "dummy0")
+	sh("addr", "add", "fd01::1/64", "dev", "dummy0", "nodad")
+	sh("addr", "add", "10.2.0.1/24", "dev", "dummy1")
+	sh("addr", "add", "10.7.0.1/24", "dev", "dummy0.7")
+	sh("addr", "add", "10.3.0.1/24", "dev", "dummy2")
+	sh("route", "add", "10.99.0.0/16", "via", "10.2.0.254", "dev", "dummy1")
+	sh("route", "add", "10.98.0.0/16", "dev", "dummy0.7")
+	sh("route", "add", "10.97.0.0/16", "dev", "dummy2")
+
+	gid := func(s string) verbs.GID { return verbs.GIDFromIP(netip.MustParseAddr(s)) }
+	table := &resolver.Table{Source: "fixture", Ports: []resolver.Port{{
+		Device: "fake0", Port: 1, Transport: verbs.TransportIB, LinkLayer: verbs.LinkLayerEthernet,
+		State: verbs.PortActive, ActiveMTU: verbs.MTU4096,
+		GIDs: []resolver.GIDEntry{
+			{Index: 0, GID: gid("fe80::1"), Type: verbs.GIDTypeRoCEv2, Netdev: "dummy0"},
+			{Index: 1, GID: gid("10.1.0.1"), Type: verbs.GIDTypeRoCEv2, Netdev: "dummy0"},
+			{Index: 2, GID: gid("fd01::1"), Type: verbs.GIDTypeRoCEv2, Netdev: "dummy0"},
+			{Index: 3, GID: gid("10.2.0.1"), Type: verbs.GIDTypeRoCEv2, Netdev: "dummy1"},
+			{Index: 4, GID: gid("10.7.0.1"), Type: verbs.GIDTypeRoCEv2, Netdev: "dummy0.7"},
+		}}}}
+	resolve := func(dst, src string) (*resolver.Path, error) {
+		var p *resolver.Path
+		err := testbed.InNetns(ns, func() error {
+			opts := resolver.Options{Table: table}
+			if src != "" {
+				opts.Source = netip.MustParseAddr(src)
+			}
+			var err error
+			p, err = resolver.Resolve(context.Background(), netip.MustParseAddr(dst), opts)
+			return err
+		})
+		return p, err
+	}
+
+	for _, tc := range []struct {
+		dst, src, netdev, source, gateway string
+		vlan, index                       int
+	}{
+		{dst: "10.1.0.50", netdev: "dummy0", source: "10.1.0.1", index: 1},
+		{dst: "10.99.1.1", netdev: "dummy1", source: "10.2.0.1", gateway: "10.2.0.254", index: 3},
+		{dst: "10.98.0.5", netdev: "dummy0.7", source: "10.7.0.1", vlan: 7, index: 4},
+		{dst: "fd01::50", netdev: "dummy0", source: "fd01::1", index: 2},
+		{dst: "10.1.0.1", netdev: "dummy0", source: "10.1.0.1", index: 1}, // local: via lo, then the owner
+	} {
+		t.Run(tc.dst, func(t *testing.T) {
+			p, err := resolve(tc.dst, tc.src)
+			require.NoError(t, err)
+			assert.Equal(t, tc.netdev, p.Netdev)
+			assert.Equal(t, tc.source, p.Source.String())
+			assert.Equal(t, tc.vlan, p.VLAN)
+			assert.Equal(t, tc.index, p.GIDIndex, "%s", p.Explain())
+			if tc.gateway != "" {
+				assert.Equal(t, tc.gateway, p.Gateway.String())
+			}
+			assert.Equal(t, verbs.MTU1024, p.PathMTU, "dummy's 1500 bytes cap the port's 4096")
+		})
+	}
+
+	t.Run("source on dummy0, route via dummy1", func(t *testing.T) {
+		_, err := resolve("10.99.1.1", "10.1.0.1")
+		assert.ErrorIs(t, err, resolver.ErrSourceNotOnEgress)
+		assert.ErrorContains(t, err, "10.1.0.1 belongs to dummy0 but the route leaves by dummy1")
+		var re *resolver.ResolveError
+		require.ErrorAs(t, err, &re)
+		assert.Contains(t, re.Path.Explain(), "route to 10.99.1.1: dev dummy1 via 10.2.0.254")
+		assert.Contains(t, re.Path.Explain(), "FAILED")
+	})
+	t.Run("no route", func(t *testing.T) {
+		_, err := resolve("192.0.2.1", "")
+		assert.ErrorIs(t, err, resolver.ErrNoRoute)
+		assert.ErrorContains(t, err, "ip route get 192.0.2.1")
+	})
+	t.Run("netdev without RDMA device", func(t *testing.T) {
+		_, err := resolve("10.97.0.1", "")
+		assert.ErrorIs(t, err, resolver.ErrNoRDMADevice)
+		assert.ErrorContains(t, err, "dummy2 (holding 10.3.0.1)")
+		assert.ErrorContains(t, err, "rdma link add")
+	})
+	t.Run("link-local without zone", func(t *testing.T) {
+		_, err := resolve("fe80::99", "")
+		assert.ErrorIs(t, err, resolver.ErrNoRoute)
+		assert.ErrorContains(t, err, "needs its zone")
+	})
+	t.Run("RoCE v1 asked, only v2 present", func(t *testing.T) {
+		err := testbed.InNetns(ns, func() error {
+			_, err := resolver.Resolve(context.Background(), netip.MustParseAddr("10.1.0.50"),
+				resolver.Options{Table: table, RoCE: resolver.RoCEv1})
+			return err
+		})
+		assert.ErrorIs(t, err, resolver.ErrGIDTypeUnavailable)
+	})
+	t.Run("cancelled", func(t *testing.T) {
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		_, err := resolver.Resolve(ctx, netip.MustParseAddr("10.1.0.50"), resolver.Options{Table: table})
+		assert.ErrorIs(t, err, context.Canceled)
+	})
+}
