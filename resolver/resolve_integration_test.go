@@ -81,6 +81,18 @@ func TestResolveMatchesKernelCM(t *testing.T) {
 
 func TestResolveWithoutSource(t *testing.T) {
 	rxe := testbed.Require(t).MustDevice(t, "rxe0")
+	// The kernel CM binds an id without source to the destination's scope:
+	// the VLAN's link-local (same value as the base netdev's) is its own entry.
+	for i, dst := range []string{rxe.IPv4, rxe.IPv6, rxe.VLAN.IPv4, rxe.IPv6LinkLocal + "%" + rxe.Netdev,
+		rxe.IPv6LinkLocal + "%" + rxe.VLAN.Netdev} {
+		d := netip.MustParseAddr(dst)
+		p, err := resolver.Resolve(context.Background(), d, resolver.Options{})
+		require.NoError(t, err)
+		active, _, err := cmprobe.SGIDIndexes(netip.Addr{}, d, uint16(7700+i), 5*time.Second)
+		require.NoError(t, err)
+		assert.Equal(t, active, p.GIDIndex, "no source, %s:\n%s", dst, p.Explain())
+	}
+
 	p, err := resolver.Resolve(context.Background(), netip.MustParseAddr(rxe.IPv4), resolver.Options{})
 	require.NoError(t, err)
 	assert.Equal(t, rxe.IPv4, p.Source.String())
@@ -103,6 +115,13 @@ func TestResolveIWARP(t *testing.T) {
 	assert.Equal(t, verbs.KindIWARP, p.Kind)
 	assert.Equal(t, -1, p.GIDIndex, "no GID logic on iWARP")
 	assert.Contains(t, p.Explain(), "iWARP: no GID to choose")
+
+	rxe := testbed.Require(t).MustDevice(t, "rxe0")
+	run(t, "ip", "route", "add", "10.56.0.0/24", "dev", siw.Netdev)
+	t.Cleanup(func() { exec.Command("ip", "route", "del", "10.56.0.0/24").Run() })
+	_, err = resolver.Resolve(context.Background(), netip.MustParseAddr("10.56.0.9"),
+		resolver.Options{Source: netip.MustParseAddr(rxe.IPv4)})
+	assert.ErrorIs(t, err, resolver.ErrSourceNotOnEgress, "iWARP too: the source must be on the egress netdev")
 }
 
 // A manual RC connection built only from resolver output passes data.

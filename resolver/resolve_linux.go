@@ -99,6 +99,10 @@ func Resolve(ctx context.Context, dst netip.Addr, opts Options) (*Path, error) {
 		p.note("source %v: given", src)
 	} else if a, ok := netip.AddrFromSlice(r.Src); ok {
 		src = a.Unmap()
+		if z := dst.Zone(); z != "" && src.IsLinkLocalUnicast() {
+			// As the kernel CM binds an unbound id to the destination's scope.
+			src = src.WithZone(z)
+		}
 		p.note("source %v: the route's preferred source", src)
 	}
 	if link.Attrs().Flags&net.FlagLoopback != 0 {
@@ -160,6 +164,14 @@ func Resolve(ctx context.Context, dst netip.Addr, opts Options) (*Path, error) {
 
 	switch p.Kind {
 	case verbs.KindIWARP:
+		if owner, err := linkWithAddr(src); err != nil || owner.Attrs().Index != p.NetdevIndex {
+			name := "no netdev"
+			if err == nil {
+				name = owner.Attrs().Name
+			}
+			return fail(fmt.Errorf("resolver: %v → %v: %w: %v is on %s but the route leaves by %s; "+
+				"add a route via %s, or use a source address on %s", src, dst, ErrSourceNotOnEgress, src, name, p.Netdev, name, p.Netdev))
+		}
 		p.note("iWARP: no GID to choose; the iWARP CM connects by IP address and moves the QP itself")
 		return p, nil
 	case verbs.KindInfiniBand:

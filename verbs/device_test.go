@@ -1,6 +1,7 @@
 package verbs
 
 import (
+	"encoding/json"
 	"net/netip"
 	"testing"
 
@@ -61,4 +62,14 @@ func TestMTUForNetdev(t *testing.T) {
 	for netdev, want := range cases {
 		assert.Equal(t, want, MTUForNetdev(netdev), "netdev MTU %d", netdev)
 	}
+}
+
+func TestMTUJSON(t *testing.T) {
+	b, err := json.Marshal(struct{ M MTU }{MTU1024})
+	assert.NoError(t, err)
+	assert.Equal(t, `{"M":1024}`, string(b))
+	var v struct{ M MTU }
+	assert.NoError(t, json.Unmarshal([]byte(`{"M":4096}`), &v))
+	assert.Equal(t, MTU4096, v.M)
+	assert.Error(t, json.Unmarshal([]byte(`{"M":1500}`), &v))
 }

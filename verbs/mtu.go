@@ -60,3 +60,26 @@ func MTUForNetdev(netdevMTU int) MTU {
 	}
 	return best
 }
+
+// MarshalJSON writes the MTU as bytes (1024), not as the enum's code.
+func (m MTU) MarshalJSON() ([]byte, error) {
+	return []byte(fmt.Sprint(m.Bytes())), nil
+}
+
+// UnmarshalJSON reads an MTU in bytes; 0 is the zero MTU.
+func (m *MTU) UnmarshalJSON(b []byte) error {
+	var n int
+	if _, err := fmt.Sscan(string(b), &n); err != nil {
+		return fmt.Errorf("verbs: MTU %s: %w", b, err)
+	}
+	if n == 0 {
+		*m = 0
+		return nil
+	}
+	v, err := MTUFromBytes(n)
+	if err != nil {
+		return err
+	}
+	*m = v
+	return nil
+}

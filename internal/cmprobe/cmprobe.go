@@ -55,7 +55,7 @@ static int rdmago_probe(const char *src, const char *dst, const char *port, int 
 	param.retry_count = param.rnr_retry_count = 7;
 	*active_sgid = *passive_sgid = -1;
 
-	if (addr_of(src, NULL, &s) || addr_of(dst, port, &d)) {
+	if ((*src && addr_of(src, NULL, &s)) || addr_of(dst, port, &d)) {
 		snprintf(msg, msglen, "bad address %s or %s", src, dst);
 		return -1;
 	}
@@ -66,7 +66,7 @@ static int rdmago_probe(const char *src, const char *dst, const char *port, int 
 		snprintf(msg, msglen, "listen on %s: %s", dst, strerror(errno)); goto out;
 	}
 	if (rdma_create_id(ch, &aid, NULL, RDMA_PS_TCP) ||
-	    rdma_resolve_addr(aid, (struct sockaddr *)&s, (struct sockaddr *)&d, timeout_ms)) {
+	    rdma_resolve_addr(aid, *src ? (struct sockaddr *)&s : NULL, (struct sockaddr *)&d, timeout_ms)) {
 		snprintf(msg, msglen, "rdma_resolve_addr %s -> %s: %s", src, dst, strerror(errno)); goto out;
 	}
 	while (established < 2) {
@@ -122,10 +122,15 @@ import (
 	"unsafe"
 )
 
-// SGIDIndexes connects src to dst:port through the kernel CM and returns the
-// source GID index the CM gave the active QP and the passive one.
+// SGIDIndexes connects src (the zero Addr: let the CM choose) to dst:port
+// through the kernel CM and returns the source GID index the CM gave the
+// active QP and the passive one.
 func SGIDIndexes(src, dst netip.Addr, port uint16, timeout time.Duration) (active, passive int, err error) {
-	cs, cd, cp := C.CString(src.String()), C.CString(dst.String()), C.CString(strconv.Itoa(int(port)))
+	srcText := ""
+	if src.IsValid() {
+		srcText = src.String()
+	}
+	cs, cd, cp := C.CString(srcText), C.CString(dst.String()), C.CString(strconv.Itoa(int(port)))
 	defer C.free(unsafe.Pointer(cs))
 	defer C.free(unsafe.Pointer(cd))
 	defer C.free(unsafe.Pointer(cp))
