@@ -107,6 +107,15 @@ func TestResolveWithoutSource(t *testing.T) {
 	assert.Equal(t, rxe.VLAN.Netdev, vp.Netdev)
 }
 
+func TestResolveHost(t *testing.T) {
+	rxe := testbed.Require(t).MustDevice(t, "rxe0")
+	p, err := resolver.ResolveHost(context.Background(), rxe.IPv6, resolver.Options{Network: "ip6"})
+	require.NoError(t, err)
+	assert.Equal(t, rxe.IPv6, p.Source.String())
+	_, err = resolver.ResolveHost(context.Background(), "localhost", resolver.Options{Network: "ip4"})
+	assert.ErrorIs(t, err, resolver.ErrNoRDMADevice, "127.0.0.1 lives on lo, which has no RDMA device")
+}
+
 func TestResolveIWARP(t *testing.T) {
 	siw := testbed.Require(t).MustDevice(t, "siw0")
 	p, err := resolver.Resolve(context.Background(), netip.MustParseAddr(siw.IPv4), resolver.Options{})

@@ -29,6 +29,35 @@ type Options struct {
 	// Configfs is the configfs root for default_roce_mode; nil reads
 	// /sys/kernel/config when present.
 	Configfs fs.FS
+	// Network is the address family ResolveHost looks names up in: "ip4",
+	// "ip6" or "ip" (default: either, the first answer).
+	Network string
+}
+
+// ResolveHost looks host up (a name or an address) in the family
+// opts.Network names and resolves the first address.
+func ResolveHost(ctx context.Context, host string, opts Options) (*Path, error) {
+	network := opts.Network
+	if network == "" {
+		network = "ip"
+	}
+	if network != "ip" && network != "ip4" && network != "ip6" {
+		return nil, fmt.Errorf("resolver: Options.Network %q: want ip, ip4 or ip6", network)
+	}
+	if a, err := netip.ParseAddr(host); err == nil {
+		if (network == "ip4" && !a.Unmap().Is4()) || (network == "ip6" && a.Unmap().Is4()) {
+			return nil, fmt.Errorf("resolver: %v is not an %s address", a, network)
+		}
+		return Resolve(ctx, a, opts)
+	}
+	addrs, err := net.DefaultResolver.LookupNetIP(ctx, network, host)
+	if err != nil {
+		return nil, fmt.Errorf("resolver: looking up %q (%s): %w", host, network, err)
+	}
+	if len(addrs) == 0 {
+		return nil, fmt.Errorf("resolver: %q has no %s address", host, network)
+	}
+	return Resolve(ctx, addrs[0].Unmap(), opts)
 }
 
 // Resolve finds the RDMA path to dst as the kernel CM would: route lookup
@@ -175,7 +204,11 @@ func Resolve(ctx context.Context, dst netip.Addr, opts Options) (*Path, error) {
 		p.note("iWARP: no GID to choose; the iWARP CM connects by IP address and moves the QP itself")
 		return p, nil
 	case verbs.KindInfiniBand:
-		p.note("InfiniBand: LID-based within the subnet; a GRH (and so a GID) is needed only across subnets")
+		p.GIDIndex, p.GID, p.GIDType = 0, port.GIDs[0].GID, verbs.GIDTypeIB
+		p.GIDText, p.TypeName = p.GID.String(), p.GIDType.String()
+		p.note("InfiniBand: addressed by LID within the subnet; a GRH is needed only across subnets, "+
+			"and then the port GID (index 0, %v) is the source", p.GID)
+		return p, nil
 	}
 
 	// GID.
@@ -220,17 +253,19 @@ func configfsOr(f fs.FS) fs.FS {
 	return nil
 }
 
-// findPort returns the port serving netdev: a RoCE or IB port with GID
-// entries tagged with it, else an iWARP port bound to it (by ndev name where
-// the kernel gives one, else by the MAC its GID holds).
-func findPort(t *Table, netdev string, mac net.HardwareAddr) (*Port, []*Port) {
+// findPort returns the port serving netdev: a RoCE port with GID entries
+// tagged with it; an iWARP port bound to it (by ndev name where the kernel
+// gives one, else by the MAC its GID holds); an InfiniBand port whose GID an
+// IPoIB netdev carries in the last 16 bytes of its 20-byte address.
+func findPort(t *Table, netdev string, hw net.HardwareAddr) (*Port, []*Port) {
 	var found []*Port
 	for i := range t.Ports {
 		p := &t.Ports[i]
 		for _, e := range p.GIDs {
 			byName := e.Netdev == netdev
-			byMAC := p.Kind() == verbs.KindIWARP && e.Netdev == "" && len(mac) == 6 && bytes.Equal(e.GID[:6], mac)
-			if byName || byMAC {
+			byMAC := p.Kind() == verbs.KindIWARP && e.Netdev == "" && len(hw) == 6 && bytes.Equal(e.GID[:6], hw)
+			byIPoIB := p.Kind() == verbs.KindInfiniBand && len(hw) == 20 && bytes.Equal(e.GID[:], hw[4:])
+			if byName || byMAC || byIPoIB {
 				found = append(found, p)
 				break
 			}

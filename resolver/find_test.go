@@ -1,0 +1,46 @@
+//go:build linux
+
+package resolver
+
+import (
+	"net"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+
+	"github.com/rdmago/rdmago/verbs"
+)
+
+func TestFindPort(t *testing.T) {
+	mac := net.HardwareAddr{0x52, 0x54, 0, 0x12, 0x34, 0x56}
+	ibGID := verbs.GID{0xfe, 0x80, 15: 0x42}
+	ipoib := append(net.HardwareAddr{0, 0, 0, 0x48}, ibGID[:]...)
+	table := &Table{Ports: []Port{
+		{Device: "mlx5_0", Port: 1, Transport: verbs.TransportIB, LinkLayer: verbs.LinkLayerEthernet,
+			GIDs: []GIDEntry{{Index: 0, Netdev: "eth0"}}},
+		{Device: "siw0", Port: 1, Transport: verbs.TransportIWARP, LinkLayer: verbs.LinkLayerEthernet,
+			GIDs: []GIDEntry{{Index: 0, GID: verbs.GID{0x52, 0x54, 0, 0x12, 0x34, 0x56}}}},
+		{Device: "mlx4_0", Port: 1, Transport: verbs.TransportIB, LinkLayer: verbs.LinkLayerInfiniBand,
+			GIDs: []GIDEntry{{Index: 0, GID: ibGID}}},
+		{Device: "rxe9", Port: 1, Transport: verbs.TransportIB, LinkLayer: verbs.LinkLayerEthernet,
+			GIDs: []GIDEntry{{Index: 0, Netdev: "eth0"}}},
+	}}
+	p, others := findPort(table, "eth0", net.HardwareAddr{1, 2, 3, 4, 5, 6})
+	assert.Equal(t, "mlx5_0", p.Device)
+	assert.Len(t, others, 1, "a second device on the same netdev is reported")
+	p, _ = findPort(table, "eth1", mac)
+	assert.Equal(t, "siw0", p.Device, "iWARP by the MAC in its GID")
+	p, _ = findPort(table, "ib0", ipoib)
+	assert.Equal(t, "mlx4_0", p.Device, "InfiniBand by the GID in the IPoIB address")
+	p, _ = findPort(table, "eth9", net.HardwareAddr{9, 9, 9, 9, 9, 9})
+	assert.Nil(t, p)
+}
+
+func TestResolveHostFamily(t *testing.T) {
+	_, err := ResolveHost(t.Context(), "10.0.0.1", Options{Network: "ip6"})
+	assert.ErrorContains(t, err, "10.0.0.1 is not an ip6 address")
+	_, err = ResolveHost(t.Context(), "fd00::1", Options{Network: "ip4"})
+	assert.ErrorContains(t, err, "not an ip4 address")
+	_, err = ResolveHost(t.Context(), "x", Options{Network: "tcp"})
+	assert.ErrorContains(t, err, "want ip, ip4 or ip6")
+}
