@@ -197,6 +197,7 @@ type CQ struct {
 	cq   *C.struct_ibv_cq
 	ch   *C.struct_ibv_comp_channel
 	file *os.File // a dup of the channel fd, registered with the poller
+	raw  syscall.RawConn
 
 	mu      sync.Mutex
 	wc      *C.struct_ibv_wc // poll scratch, C memory
@@ -230,7 +231,14 @@ func (d *Device) CreateCQ(entries int) (*CQ, error) {
 		unix.Close(dup)
 		return fail(&OpError{Op: "ibv_create_cq", Device: d.Info.Name, Detail: fmt.Sprintf("%d entries", entries), Err: errnoOf(err)})
 	}
-	return &CQ{dev: d, cq: cq, ch: ch, file: os.NewFile(uintptr(dup), "rdma-comp-channel")}, nil
+	file := os.NewFile(uintptr(dup), "rdma-comp-channel")
+	raw, err := file.SyscallConn()
+	if err != nil {
+		file.Close()
+		C.ibv_destroy_cq(cq)
+		return fail(&OpError{Op: "register completion channel with the poller", Device: d.Info.Name, Err: err})
+	}
+	return &CQ{dev: d, cq: cq, ch: ch, file: file, raw: raw}, nil
 }
 
 // Poll moves up to len(wcs) completions into wcs, crossing into C once, and
@@ -267,19 +275,27 @@ func (c *CQ) Poll(wcs []WorkCompletion) (int, error) {
 }
 
 // Wait blocks until the CQ has a completion event or ctx ends. It arms the
-// notification first, so a caller polls, waits, and polls again.
+// notification first, so a caller polls, waits, and polls again. One
+// goroutine at a time may wait on a CQ.
 func (c *CQ) Wait(ctx context.Context) error {
 	if rc := C.rdmago_req_notify(c.cq); rc != 0 {
 		return &OpError{Op: "ibv_req_notify_cq", Device: c.dev.Info.Name, Err: syscall.Errno(rc)}
 	}
-	raw, err := c.file.SyscallConn()
-	if err != nil {
-		return err
-	}
-	stop := context.AfterFunc(ctx, func() { c.file.SetReadDeadline(time.Unix(1, 0)) })
-	defer stop()
+	fired := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() {
+		c.file.SetReadDeadline(time.Unix(1, 0)) // wakes the poller wait below
+		close(fired)
+	})
+	defer func() {
+		if !stop() {
+			// The context ended: make sure the past deadline is gone
+			// before the next Wait.
+			<-fired
+			c.file.SetReadDeadline(time.Time{})
+		}
+	}()
 	var got bool
-	err = raw.Read(func(uintptr) bool {
+	err := c.raw.Read(func(uintptr) bool {
 		var cq *C.struct_ibv_cq
 		var cqctx unsafe.Pointer
 		if C.ibv_get_cq_event(c.ch, &cq, &cqctx) == 0 {
@@ -297,7 +313,6 @@ func (c *CQ) Wait(ctx context.Context) error {
 		return nil
 	}
 	if ctx.Err() != nil {
-		c.file.SetReadDeadline(time.Time{})
 		return ctx.Err()
 	}
 	return &OpError{Op: "wait for completion event", Device: c.dev.Info.Name, Err: err}

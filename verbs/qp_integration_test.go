@@ -230,9 +230,23 @@ func TestRCByHandOnRXE(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 		defer cancel()
 		start := time.Now()
-		err := a.cq.Wait(ctx)
+		err := b.cq.Wait(ctx)
 		assert.True(t, errors.Is(err, context.DeadlineExceeded), "%v", err)
 		assert.Less(t, time.Since(start), 2*time.Second)
+		// A cancelled wait leaves no deadline behind: the next one blocks
+		// until a completion arrives.
+		require.NoError(t, b.qp.PostRecv(verbs.RecvWR{ID: 11, SGEs: []verbs.SGE{b.mr.SGE(62000, 64)}}))
+		go func() {
+			time.Sleep(200 * time.Millisecond)
+			a.qp.PostSend(verbs.SendWR{ID: 12, Opcode: verbs.OpSend, Flags: verbs.SendSignaled, SGEs: []verbs.SGE{a.mr.SGE(0, 4)}})
+		}()
+		ctx2, cancel2 := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel2()
+		start = time.Now()
+		require.NoError(t, b.cq.Wait(ctx2), "a wait after a cancelled one still works")
+		assert.GreaterOrEqual(t, time.Since(start), 100*time.Millisecond, "and really waited for the completion")
+		assert.Equal(t, uint64(11), waitWC(t, b.cq).ID)
+		assert.Equal(t, uint64(12), waitWC(t, a.cq).ID)
 	})
 }
 
