@@ -23,15 +23,12 @@ import "C"
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"os"
 	"sync"
 	"syscall"
-	"time"
 	"unsafe"
 
-	"golang.org/x/sys/unix"
+	"github.com/rdmago/rdmago/internal/fdwait"
 )
 
 // Devices lists the RDMA devices of this host (ibv_get_device_list).
@@ -79,6 +76,9 @@ type Device struct {
 
 	mu  sync.Mutex
 	ctx *C.struct_ibv_context
+	// borrowed contexts belong to another library (librdmacm): Close
+	// leaves them open.
+	borrowed bool
 
 	stopEvents func()        // ends the event reader, if one runs
 	eventsDone chan struct{} // closed when it has ended
@@ -122,6 +122,10 @@ func (d *Device) Close() error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.ctx == nil {
+		return nil
+	}
+	if d.borrowed {
+		d.ctx = nil
 		return nil
 	}
 	if rc := C.ibv_close_device(d.ctx); rc != 0 {
@@ -304,22 +308,11 @@ func (d *Device) Events(ctx context.Context) (<-chan AsyncEvent, error) {
 			return nil, &OpError{Op: "events", Device: d.Info.Name, Err: syscall.EBUSY, Hint: "the device already has an event reader"}
 		}
 	}
-	fd := int(d.ctx.async_fd)
-	if err := unix.SetNonblock(fd, true); err != nil {
-		return nil, &OpError{Op: "set async fd non-blocking", Device: d.Info.Name, Err: err}
-	}
-	dup, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
+	wait, err := fdwait.New(int(d.ctx.async_fd), "async event fd")
 	if err != nil {
-		return nil, &OpError{Op: "dup async fd", Device: d.Info.Name, Err: err}
-	}
-	file := os.NewFile(uintptr(dup), "rdma-async-events")
-	raw, err := file.SyscallConn()
-	if err != nil {
-		file.Close()
-		return nil, err
+		return nil, &OpError{Op: "events", Device: d.Info.Name, Err: err}
 	}
 	ctx, cancel := context.WithCancel(ctx)
-	stopWake := context.AfterFunc(ctx, func() { file.SetReadDeadline(time.Unix(1, 0)) })
 	out := make(chan AsyncEvent, 16)
 	done := make(chan struct{})
 	d.stopEvents, d.eventsDone = cancel, done
@@ -327,11 +320,10 @@ func (d *Device) Events(ctx context.Context) (<-chan AsyncEvent, error) {
 	go func() {
 		defer close(done)
 		defer close(out)
-		defer file.Close()
-		defer stopWake()
+		defer wait.Close()
 		for {
 			var ev AsyncEvent
-			err := raw.Read(func(uintptr) bool {
+			err := wait.Wait(ctx, func() bool {
 				var e C.struct_ibv_async_event
 				if C.ibv_get_async_event(ibctx, &e) != 0 {
 					return false // EAGAIN: wait in the poller
@@ -346,10 +338,8 @@ func (d *Device) Events(ctx context.Context) (<-chan AsyncEvent, error) {
 				return true
 			})
 			if err != nil {
-				if ctx.Err() == nil && !errors.Is(err, os.ErrDeadlineExceeded) {
-					// The fd failed: nothing more will come.
-					cancel()
-				}
+				// The context ended, or the fd failed: nothing more will come.
+				cancel()
 				return
 			}
 			select {

@@ -92,14 +92,14 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
 	"strings"
 	"sync"
 	"syscall"
-	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/rdmago/rdmago/internal/fdwait"
 )
 
 // PD is a protection domain (struct ibv_pd).
@@ -196,8 +196,7 @@ type CQ struct {
 	dev  *Device
 	cq   *C.struct_ibv_cq
 	ch   *C.struct_ibv_comp_channel
-	file *os.File // a dup of the channel fd, registered with the poller
-	raw  syscall.RawConn
+	wait *fdwait.Waiter // the channel fd in Go's poller
 
 	mu      sync.Mutex
 	wc      *C.struct_ibv_wc // poll scratch, C memory
@@ -219,26 +218,16 @@ func (d *Device) CreateCQ(entries int) (*CQ, error) {
 		C.ibv_destroy_comp_channel(ch)
 		return nil, e
 	}
-	if err := unix.SetNonblock(int(ch.fd), true); err != nil {
-		return fail(&OpError{Op: "set completion channel non-blocking", Device: d.Info.Name, Err: err})
-	}
-	dup, err := unix.FcntlInt(uintptr(ch.fd), unix.F_DUPFD_CLOEXEC, 0)
+	wait, err := fdwait.New(int(ch.fd), "completion channel")
 	if err != nil {
-		return fail(&OpError{Op: "dup completion channel fd", Device: d.Info.Name, Err: err})
+		return fail(&OpError{Op: "create CQ", Device: d.Info.Name, Err: err})
 	}
 	cq, err := C.ibv_create_cq(ctx, C.int(entries), nil, ch, 0)
 	if cq == nil {
-		unix.Close(dup)
+		wait.Close()
 		return fail(&OpError{Op: "ibv_create_cq", Device: d.Info.Name, Detail: fmt.Sprintf("%d entries", entries), Err: errnoOf(err)})
 	}
-	file := os.NewFile(uintptr(dup), "rdma-comp-channel")
-	raw, err := file.SyscallConn()
-	if err != nil {
-		file.Close()
-		C.ibv_destroy_cq(cq)
-		return fail(&OpError{Op: "register completion channel with the poller", Device: d.Info.Name, Err: err})
-	}
-	return &CQ{dev: d, cq: cq, ch: ch, file: file, raw: raw}, nil
+	return &CQ{dev: d, cq: cq, ch: ch, wait: wait}, nil
 }
 
 // Poll moves up to len(wcs) completions into wcs, crossing into C once, and
@@ -281,21 +270,8 @@ func (c *CQ) Wait(ctx context.Context) error {
 	if rc := C.rdmago_req_notify(c.cq); rc != 0 {
 		return &OpError{Op: "ibv_req_notify_cq", Device: c.dev.Info.Name, Err: syscall.Errno(rc)}
 	}
-	fired := make(chan struct{})
-	stop := context.AfterFunc(ctx, func() {
-		c.file.SetReadDeadline(time.Unix(1, 0)) // wakes the poller wait below
-		close(fired)
-	})
-	defer func() {
-		if !stop() {
-			// The context ended: make sure the past deadline is gone
-			// before the next Wait.
-			<-fired
-			c.file.SetReadDeadline(time.Time{})
-		}
-	}()
 	var got bool
-	err := c.raw.Read(func(uintptr) bool {
+	err := c.wait.Wait(ctx, func() bool {
 		var cq *C.struct_ibv_cq
 		var cqctx unsafe.Pointer
 		if C.ibv_get_cq_event(c.ch, &cq, &cqctx) == 0 {
@@ -333,7 +309,7 @@ func (c *CQ) Close() error {
 		return &OpError{Op: "ibv_destroy_cq", Device: c.dev.Info.Name, Err: syscall.Errno(rc), Hint: "close the QPs that use it first"}
 	}
 	c.cq = nil
-	c.file.Close()
+	c.wait.Close()
 	C.ibv_destroy_comp_channel(c.ch)
 	C.free(unsafe.Pointer(c.wc))
 	c.wc = nil
@@ -446,6 +422,10 @@ type QP struct {
 	mu    sync.Mutex // state, port, and the post scratch below
 	state QPState
 	port  int
+	// adopted QPs were created by another library (librdmacm), which moves
+	// and destroys them: state is queried, Close calls destroy.
+	adopted bool
+	destroy func()
 
 	sdesc *C.struct_rdmago_swr
 	swrs  *C.struct_ibv_send_wr
@@ -489,6 +469,13 @@ func (p *PD) CreateQP(init QPInit) (*QP, error) {
 func (q *QP) State() QPState {
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	if q.adopted && q.qp != nil {
+		var qa C.struct_ibv_qp_attr
+		var qi C.struct_ibv_qp_init_attr
+		if C.ibv_query_qp(q.qp, &qa, C.IBV_QP_STATE, &qi) == 0 {
+			q.state = QPState(qa.qp_state)
+		}
+	}
 	return q.state
 }
 
@@ -673,7 +660,9 @@ func (q *QP) Close() error {
 	if q.qp == nil {
 		return nil
 	}
-	if rc := C.ibv_destroy_qp(q.qp); rc != 0 {
+	if q.adopted {
+		q.destroy()
+	} else if rc := C.ibv_destroy_qp(q.qp); rc != 0 {
 		return &OpError{Op: "ibv_destroy_qp", Device: q.pd.dev.Info.Name, QPN: q.QPN, Err: syscall.Errno(rc)}
 	}
 	q.qp = nil

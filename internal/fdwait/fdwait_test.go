@@ -1,0 +1,54 @@
+package fdwait
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+)
+
+// An eventfd stands in for a library's descriptor: readable when non-zero.
+func TestWaiter(t *testing.T) {
+	fd, err := unix.Eventfd(0, unix.EFD_CLOEXEC)
+	require.NoError(t, err)
+	defer unix.Close(fd)
+	w, err := New(fd, "eventfd")
+	require.NoError(t, err)
+	read := func() bool {
+		var b [8]byte
+		n, err := unix.Read(fd, b[:])
+		return err == nil && n == 8
+	}
+	post := func() { unix.Write(fd, []byte{1, 0, 0, 0, 0, 0, 0, 0}) }
+
+	go func() { time.Sleep(50 * time.Millisecond); post() }()
+	require.NoError(t, w.Wait(context.Background(), read))
+
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	assert.ErrorIs(t, w.Wait(ctx, read), context.DeadlineExceeded)
+	assert.Less(t, time.Since(start), time.Second)
+
+	// A wait after a cancelled one blocks until the descriptor is ready.
+	go func() { time.Sleep(100 * time.Millisecond); post() }()
+	start = time.Now()
+	require.NoError(t, w.Wait(context.Background(), read))
+	assert.GreaterOrEqual(t, time.Since(start), 50*time.Millisecond)
+
+	// Close ends a wait in progress.
+	done := make(chan error)
+	go func() { done <- w.Wait(context.Background(), read) }()
+	time.Sleep(50 * time.Millisecond)
+	require.NoError(t, w.Close())
+	select {
+	case err := <-done:
+		assert.True(t, errors.Is(err, ErrClosed), "%v", err)
+	case <-time.After(2 * time.Second):
+		t.Fatal("Close did not end the wait")
+	}
+}
