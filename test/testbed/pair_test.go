@@ -9,6 +9,8 @@ import (
 	"bytes"
 	"context"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -106,4 +108,33 @@ func TestTwoGuests(t *testing.T) {
 		err = a.Command(ctx, "ping", "-c", "1", "-W", "2", rxeB.IPv4).Run()
 		assert.Error(t, err, "the killed guest is gone from the link")
 	})
+}
+
+// A guest that cannot start fails at once with qemu's reason: here a
+// regular file shared as a writable directory.
+func TestBootFailureShowsQemuError(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "not-a-directory")
+	require.NoError(t, os.WriteFile(file, nil, 0o644))
+	start := time.Now()
+	_, err := testbed.Boot(context.Background(), testbed.Options{Writable: []string{file}})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "qemu said:")
+	assert.Contains(t, err.Error(), "Not a directory")
+	assert.Less(t, time.Since(start), time.Minute, "noticed at once, not at the boot timeout")
+}
+
+// A guest whose kernel dies under a command fails the command loudly, with
+// the kernel's last words from the console.
+func TestGuestCrashShowsConsole(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	g, err := testbed.Boot(ctx, testbed.Options{})
+	require.NoError(t, err)
+	defer g.Close()
+	err = g.Command(ctx, "sh", "-c", "echo c > /proc/sysrq-trigger").Run()
+	var exit *testbed.ExitError
+	require.ErrorAs(t, err, &exit)
+	assert.Contains(t, err.Error(), "lost the guest's agent")
+	assert.Contains(t, err.Error(), "--- guest console")
+	assert.Contains(t, err.Error(), "Kernel panic", "the console tail is in the error")
 }

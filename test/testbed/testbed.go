@@ -88,7 +88,7 @@ func (o *Options) withDefaults() (Options, error) {
 	}
 	r.Cache = abs
 	if len(r.Writable) == 0 {
-		r.Writable = []string{defaultWorkDir()}
+		r.Writable = []string{WorkDir()}
 	}
 	if r.CPUs == 0 {
 		r.CPUs = 2
@@ -102,8 +102,9 @@ func (o *Options) withDefaults() (Options, error) {
 	return r, nil
 }
 
-// defaultWorkDir is the module root enclosing the current directory.
-func defaultWorkDir() string {
+// WorkDir is the default writable directory: the Go module root enclosing
+// the current directory, or the current directory.
+func WorkDir() string {
 	cwd, err := os.Getwd()
 	if err != nil {
 		return "/"
@@ -298,12 +299,15 @@ func boot(ctx context.Context, o Options, a *Assets, role string, extra []string
 		close(g.exited)
 	}()
 	fail := func(err error) (*Guest, error) {
-		g.Kill()
+		g.stop()
+		// Read qemu's output and the console before the directory goes.
 		msg := fmt.Sprintf("testbed: guest %q: %v", role, err)
 		if out := strings.TrimSpace(qemuOut.String()); out != "" {
 			msg += "\nqemu said: " + out
 		}
-		return nil, fmt.Errorf("%s\n%s", msg, g.consoleTail(60))
+		msg += "\n" + g.consoleTail(60)
+		os.RemoveAll(g.tmp)
+		return nil, errors.New(msg)
 	}
 
 	bootCtx, cancel := context.WithTimeout(ctx, o.BootTimeout)
@@ -457,6 +461,12 @@ func (g *Guest) Close() error {
 // Kill stops the guest at once, like pulling its power cord: its peers see a
 // host that vanished. Commands still running fail.
 func (g *Guest) Kill() {
+	g.stop()
+	os.RemoveAll(g.tmp)
+}
+
+// stop kills qemu and waits for it, keeping the console log.
+func (g *Guest) stop() {
 	g.mu.Lock()
 	g.closed = true
 	g.mu.Unlock()
@@ -467,7 +477,6 @@ func (g *Guest) Kill() {
 	if g.sock != nil {
 		g.sock.Close()
 	}
-	os.RemoveAll(g.tmp)
 }
 
 // SetLink takes one of the guest's netdevs down or up (ip link set), which

@@ -74,8 +74,7 @@ func execInGuest(ctx context.Context, opts testbed.Options, argv []string) (int,
 		prog = abs
 		// go test writes the test log and coverage next to its *.test
 		// binary: let the guest write there too.
-		work, _ := os.Getwd()
-		opts.Writable = append(opts.Writable, moduleRoot(work))
+		opts.Writable = append(opts.Writable, testbed.WorkDir())
 		if dir := filepath.Dir(prog); strings.HasSuffix(prog, ".test") && !under(dir, opts.Writable[0]) {
 			opts.Writable = append(opts.Writable, dir)
 		}
@@ -98,17 +97,6 @@ func execInGuest(ctx context.Context, opts testbed.Options, argv []string) (int,
 		return 1, nil
 	}
 	return 0, err
-}
-
-func moduleRoot(dir string) string {
-	for d := dir; ; d = filepath.Dir(d) {
-		if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
-			return d
-		}
-		if d == filepath.Dir(d) {
-			return dir
-		}
-	}
 }
 
 func under(path, dir string) bool {
