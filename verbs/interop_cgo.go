@@ -39,3 +39,13 @@ func AdoptQP(pd *PD, qp unsafe.Pointer, t QPType, destroy func()) *QP {
 	q := (*C.struct_ibv_qp)(qp)
 	return &QP{Type: t, QPN: uint32(q.qp_num), pd: pd, qp: q, state: QPState(q.state), adopted: true, destroy: destroy}
 }
+
+// QPAttrFromC converts a struct ibv_qp_attr (e.g. from rdma_init_qp_attr).
+func QPAttrFromC(p unsafe.Pointer) QPAttr {
+	return attrFromC((*C.struct_ibv_qp_attr)(p))
+}
+
+// AHAttrFromC converts a struct ibv_ah_attr (e.g. from an rdma_cm UD event).
+func AHAttrFromC(p unsafe.Pointer) AHAttr {
+	return ahFromC((*C.struct_ibv_ah_attr)(p))
+}

@@ -267,9 +267,45 @@ func (c *CQ) Poll(wcs []WorkCompletion) (int, error) {
 // notification first, so a caller polls, waits, and polls again. One
 // goroutine at a time may wait on a CQ.
 func (c *CQ) Wait(ctx context.Context) error {
+	if err := c.arm(); err != nil {
+		return err
+	}
+	return c.waitEvent(ctx)
+}
+
+// PollWait polls into wcs, and if the CQ is empty waits for completions
+// until at least one arrives or ctx ends. It arms the notification between
+// two polls, so a completion that lands just before arming is not missed.
+func (c *CQ) PollWait(ctx context.Context, wcs []WorkCompletion) (int, error) {
+	for {
+		if n, err := c.Poll(wcs); n > 0 || err != nil {
+			return n, err
+		}
+		if err := c.arm(); err != nil {
+			return 0, err
+		}
+		if n, err := c.Poll(wcs); n > 0 || err != nil {
+			return n, err // the armed event fires later and costs one spurious wake
+		}
+		if err := c.waitEvent(ctx); err != nil {
+			return 0, err
+		}
+	}
+}
+
+func (c *CQ) arm() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.cq == nil {
+		return &OpError{Op: "ibv_req_notify_cq", Device: c.dev.Info.Name, Err: syscall.EBADF, Hint: "the CQ is closed"}
+	}
 	if rc := C.rdmago_req_notify(c.cq); rc != 0 {
 		return &OpError{Op: "ibv_req_notify_cq", Device: c.dev.Info.Name, Err: syscall.Errno(rc)}
 	}
+	return nil
+}
+
+func (c *CQ) waitEvent(ctx context.Context) error {
 	var got bool
 	err := c.wait.Wait(ctx, func() bool {
 		var cq *C.struct_ibv_cq

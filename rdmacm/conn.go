@@ -1,0 +1,338 @@
+//go:build linux && cgo
+
+package rdmacm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/rdmago/rdmago/verbs"
+)
+
+// Path describes the connection as the CM set it up.
+type Path struct {
+	Local, Remote netip.AddrPort
+	Device        string
+	Port          int
+	Transport     verbs.Transport
+	// GIDIndex is the source GID index the QP uses (RoCE and InfiniBand;
+	// -1 on iWARP, which has none).
+	GIDIndex int
+	// MTU is the QP's path MTU (0 on iWARP, where TCP segments instead).
+	MTU  verbs.MTU
+	Mode Mode
+}
+
+func (p Path) String() string {
+	s := fmt.Sprintf("%v -> %v on %s port %d (%v, %v)", p.Local, p.Remote, p.Device, p.Port, p.Transport, p.Mode)
+	if p.GIDIndex >= 0 {
+		s += fmt.Sprintf(", GID index %d", p.GIDIndex)
+	}
+	if p.MTU != 0 {
+		s += fmt.Sprintf(", MTU %v", p.MTU)
+	}
+	return s
+}
+
+// UDPeer addresses a UD endpoint: where SendTo sends.
+type UDPeer struct {
+	AH   *verbs.AH
+	QPN  uint32
+	QKey uint32
+}
+
+// Conn is an established connection: a QP with its CQs and PD, ready for
+// work requests. The QP, CQs and PD are there for direct use with package
+// verbs; Send, Recv, Write and Read cover the simple cases.
+type Conn struct {
+	QP     *verbs.QP
+	SendCQ *verbs.CQ
+	RecvCQ *verbs.CQ
+	PD     *verbs.PD
+	Device *verbs.Device
+
+	path     Path
+	peerData []byte
+	peer     UDPeer // UD, active side
+	opts     Options
+
+	id  *cmID
+	res *resources
+
+	done     chan struct{}
+	doneOnce sync.Once
+	err      error // why done closed; set before
+
+	closeOnce sync.Once
+	closeErr  error
+
+	sendMu sync.Mutex
+	recvMu sync.Mutex
+	wrID   atomic.Uint64
+	mrs    []*verbs.MR
+	mrMu   sync.Mutex
+}
+
+// Path is the connection's addresses, device, port, GID index and MTU.
+func (c *Conn) Path() Path { return c.path }
+
+// LocalAddr and RemoteAddr are the connection's IP addresses and ports.
+func (c *Conn) LocalAddr() netip.AddrPort  { return c.path.Local }
+func (c *Conn) RemoteAddr() netip.AddrPort { return c.path.Remote }
+
+// PeerPrivateData is what the peer sent with its connect request (on the
+// accepting side) or its accept (on the dialing side).
+func (c *Conn) PeerPrivateData() []byte { return c.peerData }
+
+// Peer is the UD endpoint the dialing side resolved (UD only).
+func (c *Conn) Peer() UDPeer { return c.peer }
+
+// Done is closed when the connection ends: the peer disconnected, the
+// device went away, the local address moved, or Close was called. Err
+// then says which.
+func (c *Conn) Done() <-chan struct{} { return c.done }
+
+// Err is nil while the connection is up, then the reason it ended
+// (errors.Is with ErrDisconnected, ErrDeviceRemoved, ErrAddrChanged or
+// ErrClosed).
+func (c *Conn) Err() error {
+	select {
+	case <-c.done:
+		return c.err
+	default:
+		return nil
+	}
+}
+
+// end records why the connection ended, once, and flushes the QP: work
+// requests still posted complete with WR_FLUSH_ERR instead of hanging.
+func (c *Conn) end(kind error, ev *event) {
+	c.doneOnce.Do(func() {
+		e := c.opError("connection", kind, nil)
+		if ev != nil {
+			e.Event, e.Status = ev.Type.String(), ev.Status
+		}
+		c.err = e
+		if c.QP != nil && c.QP.Type != verbs.QPTypeUD {
+			c.QP.Modify(&verbs.QPAttr{State: verbs.QPStateErr}, verbs.AttrState)
+		}
+		close(c.done)
+	})
+}
+
+func (c *Conn) onEvent(ev *event) {
+	switch ev.Type {
+	case EventDisconnected:
+		c.end(ErrDisconnected, ev)
+	case EventDeviceRemoval:
+		c.end(ErrDeviceRemoved, ev)
+	case EventAddrChange:
+		c.end(ErrAddrChanged, ev)
+	}
+}
+
+func (c *Conn) opError(op string, kind, err error) *OpError {
+	return &OpError{Op: op, Local: c.path.Local, Remote: c.path.Remote, Device: c.path.Device, Port: c.path.Port,
+		QPN: c.QP.QPN, Kind: kind, Err: err}
+}
+
+// Close disconnects, waits up to CloseTimeout for the peer's side of the
+// disconnect, and releases the QP, MRs made with RegisterMemory, CQs, PD
+// and the CM id, in that order.
+func (c *Conn) Close() error {
+	c.closeOnce.Do(func() {
+		if c.QP.Type != verbs.QPTypeUD {
+			select {
+			case <-c.done:
+			default:
+				if err := c.id.disconnect(); err == nil {
+					select {
+					case <-c.done:
+					case <-time.After(c.opts.CloseTimeout):
+					}
+				}
+			}
+		}
+		c.end(ErrClosed, nil)
+		c.mrMu.Lock()
+		for _, mr := range c.mrs {
+			mr.Close()
+		}
+		c.mrs = nil
+		c.mrMu.Unlock()
+		c.closeErr = c.res.close()
+		c.id.close()
+	})
+	return c.closeErr
+}
+
+// RegisterMemory registers size bytes of memory outside the Go heap for the
+// connection's PD; Close releases it.
+func (c *Conn) RegisterMemory(size int, access verbs.AccessFlags) (*verbs.MR, error) {
+	mr, err := c.PD.RegisterMemory(size, access)
+	if err != nil {
+		return nil, err
+	}
+	c.mrMu.Lock()
+	defer c.mrMu.Unlock()
+	c.mrs = append(c.mrs, mr)
+	return mr, nil
+}
+
+
+// RemoteBufferOf describes n bytes of mr from off, for the peer.
+func RemoteBufferOf(mr *verbs.MR, off, n int) RemoteBuffer {
+	return RemoteBuffer{Addr: mr.Addr() + uint64(off), RKey: mr.RKey, Len: uint32(n)}
+}
+
+// PostRecv posts a receive of up to n bytes into mr at off. Post receives
+// before the peer sends: a SEND without a posted receive waits for one
+// (RNR) and fails after the RNR retries.
+func (c *Conn) PostRecv(mr *verbs.MR, off, n int) error {
+	return c.QP.PostRecv(verbs.RecvWR{ID: c.wrID.Add(1), SGEs: []verbs.SGE{mr.SGE(off, n)}})
+}
+
+// Recv waits for the next receive completion.
+func (c *Conn) Recv(ctx context.Context) (verbs.WorkCompletion, error) {
+	c.recvMu.Lock()
+	defer c.recvMu.Unlock()
+	var wc [1]verbs.WorkCompletion
+	if _, err := c.RecvCQ.PollWait(ctx, wc[:]); err != nil {
+		return verbs.WorkCompletion{}, c.opError("receive", nil, err)
+	}
+	if wc[0].Status != verbs.WCSuccess {
+		return wc[0], c.completionError("receive", wc[0])
+	}
+	return wc[0], nil
+}
+
+// Send sends n bytes of mr from off and waits for the completion.
+func (c *Conn) Send(ctx context.Context, mr *verbs.MR, off, n int) error {
+	return c.post(ctx, "send", verbs.SendWR{Opcode: verbs.OpSend, SGEs: []verbs.SGE{mr.SGE(off, n)}})
+}
+
+// Write copies n bytes of mr from off into the peer's memory (RDMA WRITE).
+func (c *Conn) Write(ctx context.Context, mr *verbs.MR, off, n int, to RemoteBuffer) error {
+	if uint32(n) > to.Len {
+		return c.opError("RDMA write", nil, fmt.Errorf("%d bytes do not fit the peer's %d-byte buffer", n, to.Len))
+	}
+	return c.post(ctx, "RDMA write", verbs.SendWR{Opcode: verbs.OpRDMAWrite, SGEs: []verbs.SGE{mr.SGE(off, n)},
+		RemoteAddr: to.Addr, RKey: to.RKey})
+}
+
+// Read copies n bytes of the peer's memory into mr at off (RDMA READ).
+func (c *Conn) Read(ctx context.Context, mr *verbs.MR, off, n int, from RemoteBuffer) error {
+	if uint32(n) > from.Len {
+		return c.opError("RDMA read", nil, fmt.Errorf("%d bytes exceed the peer's %d-byte buffer", n, from.Len))
+	}
+	return c.post(ctx, "RDMA read", verbs.SendWR{Opcode: verbs.OpRDMARead, SGEs: []verbs.SGE{mr.SGE(off, n)},
+		RemoteAddr: from.Addr, RKey: from.RKey})
+}
+
+// SendTo sends a UD datagram to peer (which the peer's Recv sees after a
+// 40-byte GRH area at the start of its buffer).
+func (c *Conn) SendTo(ctx context.Context, mr *verbs.MR, off, n int, peer UDPeer) error {
+	if c.QP.Type != verbs.QPTypeUD {
+		return c.opError("send to", nil, errors.New("SendTo is for UD connections; use Send"))
+	}
+	return c.post(ctx, "send to", verbs.SendWR{Opcode: verbs.OpSend, SGEs: []verbs.SGE{mr.SGE(off, n)},
+		AH: peer.AH, RemoteQPN: peer.QPN, RemoteQKey: peer.QKey})
+}
+
+// post posts one signaled work request and waits for its completion. The
+// helpers own the send CQ: completions of other work requests are dropped.
+func (c *Conn) post(ctx context.Context, op string, wr verbs.SendWR) error {
+	c.sendMu.Lock()
+	defer c.sendMu.Unlock()
+	wr.ID = c.wrID.Add(1)
+	wr.Flags |= verbs.SendSignaled
+	if err := c.QP.PostSend(wr); err != nil {
+		return c.opError(op, c.Err(), err)
+	}
+	var wcs [4]verbs.WorkCompletion
+	for {
+		n, err := c.SendCQ.PollWait(ctx, wcs[:])
+		if err != nil {
+			return c.opError(op, nil, err)
+		}
+		for _, wc := range wcs[:n] {
+			if wc.ID != wr.ID {
+				continue
+			}
+			if wc.Status != verbs.WCSuccess {
+				return c.completionError(op, wc)
+			}
+			return nil
+		}
+	}
+}
+
+// CompletionError is a work request that completed with an error status.
+type CompletionError struct {
+	Status verbs.WCStatus
+	Vendor uint32
+}
+
+func (e *CompletionError) Error() string {
+	s := fmt.Sprintf("completion status %v (vendor error %#x)", e.Status, e.Vendor)
+	if h := e.Status.Hint(); h != "" {
+		s += ": " + h
+	}
+	return s
+}
+
+func (c *Conn) completionError(op string, wc verbs.WorkCompletion) error {
+	// A flush after the connection ended is that end, not a new failure.
+	return c.opError(op, c.Err(), &CompletionError{Status: wc.Status, Vendor: wc.VendorErr})
+}
+
+// resources are a connection's verbs objects, released in reverse.
+type resources struct {
+	dev      *verbs.Device
+	pd       *verbs.PD
+	scq, rcq *verbs.CQ
+	qp       *verbs.QP
+	ahs      []*verbs.AH
+}
+
+func (r *resources) close() error {
+	var errs []error
+	if r.qp != nil {
+		errs = append(errs, r.qp.Close())
+	}
+	for _, ah := range r.ahs {
+		errs = append(errs, ah.Close())
+	}
+	for _, cq := range []*verbs.CQ{r.scq, r.rcq} {
+		if cq != nil {
+			errs = append(errs, cq.Close())
+		}
+	}
+	if r.pd != nil {
+		errs = append(errs, r.pd.Close())
+	}
+	if r.dev != nil {
+		r.dev.Close()
+	}
+	*r = resources{}
+	return errors.Join(errs...)
+}
+
+// deviceAttrs caches each device's capabilities, which do not change.
+var deviceAttrs sync.Map // device name -> verbs.DeviceAttr
+
+func queryDevice(d *verbs.Device) (verbs.DeviceAttr, error) {
+	if a, ok := deviceAttrs.Load(d.Info.Name); ok {
+		return a.(verbs.DeviceAttr), nil
+	}
+	a, err := d.Query()
+	if err == nil {
+		deviceAttrs.Store(d.Info.Name, a)
+	}
+	return a, err
+}

@@ -1,0 +1,183 @@
+package rdmacm
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"strings"
+	"syscall"
+)
+
+// Kinds of failure. Every error from this package that has one wraps it, so
+// errors.Is(err, rdmacm.ErrRejected) and the like tell what happened; the
+// cause (a syscall.Errno, a context error, a *RejectedError) is wrapped too.
+var (
+	ErrAddrResolution  = errors.New("address resolution failed")
+	ErrRouteResolution = errors.New("route resolution failed")
+	ErrUnreachable     = errors.New("peer unreachable")
+	ErrRejected        = errors.New("connection rejected")
+	ErrConnect         = errors.New("connection failed")
+	ErrDisconnected    = errors.New("disconnected")
+	ErrDeviceRemoved   = errors.New("RDMA device removed")
+	ErrAddrChanged     = errors.New("local address changed")
+	// ErrTimeout: a step got no answer within its timeout.
+	ErrTimeout = errors.New("timed out")
+	// ErrPrivateDataTooLong: refused before anything was sent.
+	ErrPrivateDataTooLong = errors.New("private data too long")
+	// ErrManualOnIWARP: the manual mode cannot work on iWARP devices.
+	ErrManualOnIWARP = errors.New("manual QP transitions are not possible on iWARP")
+	// ErrClosed: the Conn or Listener was closed.
+	ErrClosed = errors.New("use of closed RDMA connection or listener")
+	// ErrNoCgo: the binary was built without cgo, so librdmacm is unavailable.
+	ErrNoCgo = errors.New("rdmacm: built without cgo; librdmacm needs cgo")
+)
+
+// OpError describes a failed step of a connection: which step, between which
+// addresses, on which device, the CM event and status that ended it, and
+// what usually causes that.
+type OpError struct {
+	Op     string // "resolve address", "resolve route", "connect", "accept", "listen", ...
+	Local  netip.AddrPort
+	Remote netip.AddrPort
+	Device string // RDMA device, once known
+	Port   int
+	QPN    uint32
+	Event  string // the CM event that ended the step, if one did
+	Status int    // its status: a negative errno, or an IB CM reason
+	Kind   error  // one of the Err* kinds above, or nil
+	Err    error  // the cause
+	Hint   string
+}
+
+func (e *OpError) Error() string {
+	var b strings.Builder
+	b.WriteString("rdmacm: ")
+	b.WriteString(e.Op)
+	if e.Local.IsValid() && e.Local.Addr().IsValid() && !e.Local.Addr().IsUnspecified() || e.Local.Port() != 0 {
+		fmt.Fprintf(&b, " %v", e.Local)
+	}
+	if e.Remote.IsValid() {
+		fmt.Fprintf(&b, " -> %v", e.Remote)
+	}
+	var where []string
+	if e.Device != "" {
+		where = append(where, "device "+e.Device)
+	}
+	if e.Port != 0 {
+		where = append(where, fmt.Sprintf("port %d", e.Port))
+	}
+	if e.QPN != 0 {
+		where = append(where, fmt.Sprintf("QP %#x", e.QPN))
+	}
+	if len(where) > 0 {
+		fmt.Fprintf(&b, " (%s)", strings.Join(where, ", "))
+	}
+	b.WriteString(": ")
+	switch {
+	case e.Kind != nil && e.Err != nil:
+		fmt.Fprintf(&b, "%v: %v", e.Kind, e.Err)
+	case e.Kind != nil:
+		b.WriteString(e.Kind.Error())
+	case e.Err != nil:
+		b.WriteString(e.Err.Error())
+	}
+	if e.Event != "" {
+		fmt.Fprintf(&b, " [event %s, status %d]", e.Event, e.Status)
+	}
+	if e.Hint != "" {
+		b.WriteString("; ")
+		b.WriteString(e.Hint)
+	}
+	return b.String()
+}
+
+func (e *OpError) Unwrap() []error {
+	var errs []error
+	if e.Kind != nil {
+		errs = append(errs, e.Kind)
+	}
+	if e.Err != nil {
+		errs = append(errs, e.Err)
+	}
+	return errs
+}
+
+// Timeout reports whether the step timed out (as net.Error does).
+func (e *OpError) Timeout() bool {
+	return errors.Is(e, ErrTimeout) || errors.Is(e, syscall.ETIMEDOUT)
+}
+
+// RejectedError is the peer's (or its kernel's) refusal of a connection.
+type RejectedError struct {
+	// Status is the CM's reason: on InfiniBand and RoCE an IB CM reject
+	// reason (8: no listener on that port; 28: the application rejected),
+	// on iWARP a negative errno (-111: refused or rejected).
+	Status int
+	// PrivateData is what the peer passed to Reject (without rdmago's header).
+	PrivateData []byte
+}
+
+func (e *RejectedError) Error() string {
+	s := fmt.Sprintf("rejected with status %d", e.Status)
+	if m := rejectMeaning(e.Status); m != "" {
+		s += " (" + m + ")"
+	}
+	if len(e.PrivateData) > 0 {
+		s += fmt.Sprintf(", %d bytes of private data", len(e.PrivateData))
+	}
+	return s
+}
+
+// Is makes errors.Is(err, ErrRejected) true.
+func (e *RejectedError) Is(target error) bool { return target == ErrRejected }
+
+// ConsumerReject reports whether the peer application called Reject (as
+// opposed to no one listening). iWARP cannot tell the two apart.
+func (e *RejectedError) ConsumerReject() bool { return e.Status == rejectConsumer }
+
+const (
+	rejectNoListener = 8  // IB_CM_REJ_INVALID_SERVICE_ID
+	rejectStale      = 10 // IB_CM_REJ_STALE_CONN
+	rejectConsumer   = 28 // IB_CM_REJ_CONSUMER_DEFINED
+	rejectIWARP      = -int(syscall.ECONNREFUSED)
+)
+
+func rejectMeaning(status int) string {
+	switch status {
+	case rejectNoListener:
+		return "no listener on that address and port"
+	case rejectStale:
+		return "stale connection: the peer still holds an old connection with this QP number"
+	case rejectConsumer:
+		return "the peer application rejected the request"
+	case rejectIWARP:
+		return "iWARP: no listener, or the peer rejected the request"
+	}
+	return ""
+}
+
+// hintFor says what usually causes a failing event, from the field notes
+// the library is built on.
+func hintFor(ev EventType, status int) string {
+	switch ev {
+	case EventAddrError:
+		switch status {
+		case -int(syscall.ENODEV):
+			return "the source address is not on an RDMA netdev, or the route to the destination leaves by a netdev without an RDMA device"
+		case -int(syscall.ETIMEDOUT):
+			return "neighbour (ARP/ND) resolution of the destination timed out: is the peer up and on-link?"
+		case -int(syscall.ENETUNREACH), -int(syscall.EHOSTUNREACH):
+			return "no route to the destination"
+		}
+		return "the destination could not be mapped to a local RDMA device"
+	case EventRouteError:
+		return "the CM found no path to the destination; it is retried a few times before giving up"
+	case EventUnreachable:
+		return "the CM's messages timed out: the peer is gone, unreachable, or never completed the handshake"
+	case EventConnectError:
+		return "librdmacm could not move the QP on the peer's reply, or the transport failed"
+	case EventRejected:
+		return rejectMeaning(status)
+	}
+	return ""
+}

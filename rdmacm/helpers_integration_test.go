@@ -1,0 +1,170 @@
+//go:build integration
+
+package rdmacm_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/rdmago/rdmago/rdmacm"
+	"github.com/rdmago/rdmago/test/testbed"
+	"github.com/rdmago/rdmago/verbs"
+)
+
+// device is an RDMA device of the test bed and the address to connect to
+// it over (a connection from the device to itself).
+type device struct {
+	name, addr string
+	iwarp      bool
+}
+
+func rxe(t *testing.T) device {
+	d := testbed.Require(t).MustDevice(t, "rxe0")
+	return device{name: d.Name, addr: d.IPv4}
+}
+
+func siw(t *testing.T) device {
+	d := testbed.Require(t).MustDevice(t, "siw0")
+	return device{name: d.Name, addr: d.IPv4, iwarp: true}
+}
+
+// forEachDevice runs f on rxe (RoCE) and siw (iWARP).
+func forEachDevice(t *testing.T, f func(t *testing.T, d device)) {
+	for _, d := range []device{rxe(t), siw(t)} {
+		t.Run(d.name, func(t *testing.T) { f(t, d) })
+	}
+}
+
+var nextPort = 9000 + os.Getpid()%1000*10
+
+func port() int {
+	nextPort++
+	return nextPort
+}
+
+func (d device) at(port int) string { return fmt.Sprintf("%s:%d", d.addr, port) }
+
+// kernelObjects counts this process's RDMA objects as the kernel lists them.
+func kernelObjects(t *testing.T) map[string]int {
+	t.Helper()
+	counts := map[string]int{}
+	pid := fmt.Sprintf(" pid %d ", os.Getpid())
+	for _, kind := range []string{"cm_id", "qp", "cq", "mr", "pd"} {
+		out, err := exec.Command("rdma", "resource", "show", kind).CombinedOutput()
+		require.NoError(t, err, "%s", out)
+		for _, line := range strings.Split(string(out), "\n") {
+			if strings.Contains(line+" ", pid) {
+				counts[kind]++
+			}
+		}
+	}
+	return counts
+}
+
+func openFDs(t *testing.T) int {
+	ents, err := os.ReadDir("/proc/self/fd")
+	require.NoError(t, err)
+	return len(ents)
+}
+
+// TestMain connects once on each device before the tests: librdmacm opens
+// the devices on first use and keeps them for the life of the process,
+// which the leak checks must not count.
+func TestMain(m *testing.M) {
+	if top, err := testbed.Load(); err == nil {
+		for _, name := range []string{"rxe0", "siw0"} {
+			if d, err := top.Device(name); err == nil {
+				warmUp(d.IPv4)
+			}
+		}
+	}
+	os.Exit(m.Run())
+}
+
+func warmUp(addr string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	l, err := rdmacm.Listen(addr+":8999", nil)
+	if err != nil {
+		return
+	}
+	defer l.Close()
+	go func() {
+		if c, err := l.Accept(ctx); err == nil {
+			<-c.Done()
+			c.Close()
+		}
+	}()
+	if c, err := rdmacm.Dial(ctx, addr+":8999", nil); err == nil {
+		c.Close()
+	}
+}
+
+// checkNoLeaks asserts, at the end of the test, that every cm_id, QP, CQ,
+// MR and PD, every descriptor and every goroutine the test made is gone.
+func checkNoLeaks(t *testing.T) {
+	t.Helper()
+	objects, fds, goroutines := kernelObjects(t), openFDs(t), runtime.NumGoroutine()
+	t.Cleanup(func() {
+		if t.Failed() {
+			return
+		}
+		// Goroutines of closed connections exit just after Close returns.
+		deadline := time.Now().Add(5 * time.Second)
+		for runtime.NumGoroutine() > goroutines && time.Now().Before(deadline) {
+			time.Sleep(20 * time.Millisecond)
+		}
+		assert.Equal(t, objects, kernelObjects(t), "cm_ids, QPs, CQs, MRs and PDs released")
+		assert.Equal(t, fds, openFDs(t), "file descriptors released")
+		if n := runtime.NumGoroutine(); n > goroutines {
+			buf := make([]byte, 1<<16)
+			buf = buf[:runtime.Stack(buf, true)]
+			t.Errorf("%d goroutines before, %d after:\n%s", goroutines, n, buf)
+		}
+	})
+}
+
+func ctxFor(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// pair dials a listener on d and returns both ends.
+func pair(t *testing.T, d device, opts *rdmacm.Options) (client, server *rdmacm.Conn) {
+	t.Helper()
+	ctx := ctxFor(t, 20*time.Second)
+	addr := d.at(port())
+	l, err := rdmacm.Listen(addr, opts)
+	require.NoError(t, err)
+	defer l.Close()
+	type result struct {
+		c   *rdmacm.Conn
+		err error
+	}
+	accepted := make(chan result, 1)
+	go func() {
+		c, err := l.Accept(ctx)
+		accepted <- result{c, err}
+	}()
+	client, err = rdmacm.Dial(ctx, addr, opts)
+	require.NoError(t, err)
+	r := <-accepted
+	require.NoError(t, r.err)
+	t.Cleanup(func() {
+		assert.NoError(t, client.Close())
+		assert.NoError(t, r.c.Close())
+	})
+	return client, r.c
+}
+
+const access = verbs.AccessLocalWrite | verbs.AccessRemoteWrite | verbs.AccessRemoteRead

@@ -1,0 +1,246 @@
+//go:build linux && cgo
+
+package rdmacm
+
+import (
+	"context"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+
+	"github.com/rdmago/rdmago/verbs"
+)
+
+// Listener takes connect requests on an address and port.
+type Listener struct {
+	opts Options
+	id   *cmID
+	addr netip.AddrPort
+	reqs chan *ConnRequest
+
+	closeOnce sync.Once
+	closed    chan struct{}
+}
+
+// Listen binds to address ("10.0.0.1:7471", "0.0.0.0:7471", "[::]:0") and
+// listens for connect requests in the port space of opts.QPType.
+func Listen(address string, opts *Options) (*Listener, error) {
+	o := opts.withDefaults()
+	if err := o.check(); err != nil {
+		return nil, err
+	}
+	ap, err := parseAddr(address)
+	if err != nil {
+		return nil, err
+	}
+	id, err := newID(o.portSpace())
+	if err != nil {
+		return nil, &OpError{Op: "listen", Local: ap, Err: err}
+	}
+	e := &endpoint{op: "listen", o: &o, id: id, local: ap}
+	fail := func(err error) (*Listener, error) {
+		id.close()
+		return nil, err
+	}
+	if err := e.setOptions(); err != nil {
+		return fail(err)
+	}
+	if err := id.bind(ap); err != nil {
+		oe := e.fail("bind", nil, err)
+		oe.Hint = "is the address local and on a netdev with an RDMA device (or a wildcard), and the port free?"
+		return fail(oe)
+	}
+	if err := id.listen(o.Backlog); err != nil {
+		return fail(e.fail("listen", nil, err))
+	}
+	l := &Listener{opts: o, id: id, addr: id.localAddr(), reqs: make(chan *ConnRequest, o.Backlog), closed: make(chan struct{})}
+	if e.id.deviceName() != "" && o.Mode == ModeManual {
+		if dev, err := id.device(); err == nil && dev.Info.Transport == verbs.TransportIWARP {
+			e.iwarp = true
+			return fail(e.checkMode())
+		}
+	}
+	id.setHandler(l.onEvent)
+	return l, nil
+}
+
+// Addr is the address and port the listener is bound to.
+func (l *Listener) Addr() netip.AddrPort { return l.addr }
+
+func (l *Listener) onEvent(ev *event) {
+	if ev.Type != EventConnectRequest || ev.child == nil {
+		return // DEVICE_REMOVAL or ADDR_CHANGE on a bound listener: requests simply stop
+	}
+	data, mtu := decodePrivateData(ev.PrivateData, l.opts.RawPrivateData)
+	r := &ConnRequest{Param: ev.Param, PrivateData: data, Local: ev.child.localAddr(), Remote: ev.child.peerAddr(),
+		Device: ev.child.deviceName(), Port: ev.child.portNum(), peerMTU: mtu, id: ev.child, l: l}
+	select {
+	case l.reqs <- r:
+	default: // backlog full: refuse now rather than let the peer time out
+		ev.child.reject(nil)
+		ev.child.close()
+	}
+}
+
+// Request waits for the next connect request, which the caller must Accept
+// or Reject.
+func (l *Listener) Request(ctx context.Context) (*ConnRequest, error) {
+	select {
+	case r := <-l.reqs:
+		return r, nil
+	case <-l.closed:
+		return nil, &OpError{Op: "accept", Local: l.addr, Err: ErrClosed}
+	case <-ctx.Done():
+		return nil, &OpError{Op: "accept", Local: l.addr, Err: ctx.Err()}
+	}
+}
+
+// Accept waits for the next connect request and accepts it with the
+// listener's Options.PrivateData. A request that fails during the
+// handshake is returned as an error; the listener keeps listening.
+func (l *Listener) Accept(ctx context.Context) (*Conn, error) {
+	r, err := l.Request(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return r.Accept(ctx, l.opts.PrivateData)
+}
+
+// Close stops listening and refuses requests not yet accepted.
+func (l *Listener) Close() error {
+	l.closeOnce.Do(func() {
+		close(l.closed)
+		l.id.close()
+		for {
+			select {
+			case r := <-l.reqs:
+				r.Reject(nil)
+			default:
+				return
+			}
+		}
+	})
+	return nil
+}
+
+// ConnRequest is a peer's connect request, waiting for Accept or Reject.
+type ConnRequest struct {
+	Local, Remote netip.AddrPort
+	Device        string
+	Port          int
+	// Param is what the peer offered: its responder resources, initiator
+	// depth and retry counts.
+	Param ConnParam
+	// PrivateData the peer sent with the request (rdmago's header removed).
+	PrivateData []byte
+
+	peerMTU verbs.MTU
+	id      *cmID
+	l       *Listener
+	used    atomic.Bool
+}
+
+func (r *ConnRequest) claim() bool { return r.used.CompareAndSwap(false, true) }
+
+// Reject refuses the request, sending privateData with the reject (at most
+// 192 bytes on PS_TCP). The dialer's error is a *RejectedError with status
+// 28 and this data (iWARP: status -111, and the data may not arrive).
+func (r *ConnRequest) Reject(privateData []byte) error {
+	if !r.claim() {
+		return &OpError{Op: "reject", Local: r.Local, Remote: r.Remote, Err: ErrClosed}
+	}
+	defer r.id.close()
+	data, err := encodePrivateData(r.id.ps, msgReject, r.l.opts.RawPrivateData, 0, privateData)
+	if err != nil {
+		r.id.reject(nil)
+		return &OpError{Op: "reject", Local: r.Local, Remote: r.Remote, Device: r.Device, Err: err}
+	}
+	if err := r.id.reject(data); err != nil {
+		return &OpError{Op: "reject", Local: r.Local, Remote: r.Remote, Device: r.Device, Err: err}
+	}
+	return nil
+}
+
+// Accept accepts the request with privateData (at most 192 bytes on
+// PS_TCP) and waits for the connection to be established (RC; UD needs no
+// third message). On failure the request's resources are released.
+func (r *ConnRequest) Accept(ctx context.Context, privateData []byte) (*Conn, error) {
+	if !r.claim() {
+		return nil, &OpError{Op: "accept", Local: r.Local, Remote: r.Remote, Err: ErrClosed}
+	}
+	o := r.l.opts
+	e := &endpoint{op: "accept", o: &o, id: r.id, local: r.Local, remote: r.Remote}
+	c, err := e.accept(ctx, r, privateData)
+	if err != nil {
+		e.abort()
+		return nil, err
+	}
+	return c, nil
+}
+
+func (e *endpoint) accept(ctx context.Context, r *ConnRequest, privateData []byte) (*Conn, error) {
+	o := e.o
+	if _, err := encodePrivateData(e.id.ps, msgAccept, o.RawPrivateData, 0, privateData); err != nil {
+		e.id.reject(nil)
+		return nil, e.fail("accept", nil, err)
+	}
+	if err := e.prepare(); err != nil {
+		e.id.reject(nil)
+		return nil, err
+	}
+	if err := e.checkMode(); err != nil {
+		e.id.reject(nil)
+		return nil, err
+	}
+	p := ConnParam{RNRRetryCount: orSeven(o.RNRRetryCount)}
+	if err := e.rdAtomic(&p, &r.Param); err != nil {
+		e.id.reject(nil)
+		return nil, err
+	}
+	if o.Mode == ModeManual {
+		p.QPNum = e.res.qp.QPN
+		if o.QPType != verbs.QPTypeUD {
+			if err := e.move(verbs.QPStateRTR, r.peerMTU); err != nil {
+				e.id.reject(nil)
+				return nil, err
+			}
+			if err := e.move(verbs.QPStateRTS, 0); err != nil {
+				e.id.reject(nil)
+				return nil, err
+			}
+		} else {
+			for _, s := range []verbs.QPState{verbs.QPStateRTR, verbs.QPStateRTS} {
+				if err := e.move(s, 0); err != nil {
+					e.id.reject(nil)
+					return nil, err
+				}
+			}
+		}
+	}
+	data, _ := encodePrivateData(e.id.ps, msgAccept, o.RawPrivateData, e.localMTU(), privateData)
+	if err := e.id.connectOrAccept(true, p, data); err != nil {
+		return nil, e.fail("accept", ErrConnect, err)
+	}
+	if o.QPType == verbs.QPTypeUD {
+		return e.conn(r.PrivateData, o.Mode), nil
+	}
+	ev, err := e.await(ctx, "accept", o.ConnectTimeout)
+	if err != nil {
+		return nil, err
+	}
+	switch ev.Type {
+	case EventEstablished:
+		return e.conn(r.PrivateData, o.Mode), nil
+	case EventUnreachable:
+		return nil, e.failEvent("accept", ErrUnreachable, ev)
+	case EventRejected:
+		oe := e.failEvent("accept", nil, ev)
+		oe.Err = &RejectedError{Status: ev.Status}
+		return nil, oe
+	case EventDisconnected:
+		return nil, e.failEvent("accept", ErrDisconnected, ev)
+	case EventDeviceRemoval:
+		return nil, e.failEvent("accept", ErrDeviceRemoved, ev)
+	}
+	return nil, e.failEvent("accept", ErrConnect, ev)
+}

@@ -1,0 +1,202 @@
+package rdmacm
+
+import (
+	"fmt"
+	"net/netip"
+	"time"
+
+	"github.com/rdmago/rdmago/verbs"
+)
+
+// Mode says who moves the QP through INIT, RTR and RTS.
+type Mode int
+
+const (
+	// ModeCM (the default): librdmacm creates the QP and moves it, on the
+	// peer's reply (active side) and in accept (passive side). Use it unless
+	// you need to see or change the attributes.
+	ModeCM Mode = iota
+	// ModeManual: rdmago creates the QP with package verbs and moves it
+	// itself with the attributes rdma_init_qp_attr gives, checked by
+	// verbs.Validate, after Options.BeforeModify has seen them; the path MTU
+	// is the smaller of both sides' active MTUs. InfiniBand and RoCE only:
+	// on iWARP the CM and the provider must move the QP.
+	ModeManual
+)
+
+func (m Mode) String() string {
+	switch m {
+	case ModeCM:
+		return "CM-managed"
+	case ModeManual:
+		return "manual"
+	}
+	return fmt.Sprintf("Mode(%d)", int(m))
+}
+
+// Options configure Dial, Listen and the connections they make. The zero
+// value (or nil) is a reliable connected (RC) QP with small queues,
+// librdmacm moving it, and 2 s per step.
+type Options struct {
+	// Source is the local address to connect from; zero lets the kernel
+	// pick by route (as connect(2) does).
+	Source netip.Addr
+
+	// QPType is RC (default) or UD. UD uses the UDP port space.
+	QPType verbs.QPType
+	// Cap sizes the QP; zero fields take defaults (16 WRs, 1 SGE each way).
+	Cap verbs.QPCap
+	// CQEntries sizes each CQ; default MaxSendWR and MaxRecvWR.
+	CQEntries int
+	// QKey for UD (default 0x11111111, librdmacm's RDMA_UDP_QKEY).
+	QKey uint32
+
+	Mode Mode
+	// BeforeModify (ModeManual) sees each transition's attributes before the
+	// modify and may change them (timeout, retry counts, path MTU, minimum
+	// RNR timer); what it leaves is still validated. An error aborts the
+	// connection.
+	BeforeModify func(t verbs.Transition, attr *verbs.QPAttr, mask *verbs.AttrMask) error
+
+	// RetryCount and RNRRetryCount (3 bits; 7 means retry RNR forever)
+	// default to 7, as most tools use.
+	RetryCount    *uint8
+	RNRRetryCount *uint8
+	// ResponderResources and InitiatorDepth bound RDMA reads and atomics in
+	// flight; 0 means the device's maximum (the passive side also caps them
+	// at what the peer offered).
+	ResponderResources uint8
+	InitiatorDepth     uint8
+
+	// TOS sets RDMA_OPTION_ID_TOS (0 leaves the default).
+	TOS uint8
+	// ACKTimeout sets RDMA_OPTION_ID_ACK_TIMEOUT, the QP's local ACK
+	// timeout code (0 leaves the CM's choice).
+	ACKTimeout verbs.ACKTimeout
+	// ReuseAddr sets RDMA_OPTION_ID_REUSEADDR; AFOnly RDMA_OPTION_ID_AFONLY
+	// (an IPv6 listener then takes no IPv4 connections).
+	ReuseAddr bool
+	AFOnly    bool
+
+	// Per-step timeouts, 2 s each by default.
+	ResolveAddrTimeout  time.Duration
+	ResolveRouteTimeout time.Duration
+	ConnectTimeout      time.Duration // waiting for the peer's reply (active) or its RTU (passive)
+	CloseTimeout        time.Duration // waiting for DISCONNECTED after our disconnect
+	// ResolveRetries is how many times an ADDR_ERROR or ROUTE_ERROR other
+	// than "no device" or "no route" is retried (default 2; -1 for none).
+	ResolveRetries int
+
+	// PrivateData is sent with the connect request (Dial) or the accept
+	// (Listener.Accept). rdmago frames it with a 4-byte header, which is
+	// why at most 52 bytes fit in a PS_TCP connect request (56 on the wire)
+	// and 192 in an accept or reject.
+	PrivateData []byte
+	// RawPrivateData sends and receives private data without that header,
+	// for peers that are not rdmago (the receiver may then see padding).
+	RawPrivateData bool
+
+	// Backlog bounds connect requests waiting for Accept (default 128).
+	Backlog int
+}
+
+const (
+	defaultStepTimeout = 2 * time.Second
+	defaultRetries     = 2
+	defaultWR          = 16
+	defaultBacklog     = 128
+	// RDMA_UDP_QKEY
+	defaultQKey = 0x11111111
+)
+
+// withDefaults returns a copy with every zero field filled in.
+func (o *Options) withDefaults() Options {
+	var c Options
+	if o != nil {
+		c = *o
+	}
+	if c.QPType == 0 {
+		c.QPType = verbs.QPTypeRC
+	}
+	if c.Cap.MaxSendWR == 0 {
+		c.Cap.MaxSendWR = defaultWR
+	}
+	if c.Cap.MaxRecvWR == 0 {
+		c.Cap.MaxRecvWR = defaultWR
+	}
+	if c.Cap.MaxSendSGE == 0 {
+		c.Cap.MaxSendSGE = 1
+	}
+	if c.Cap.MaxRecvSGE == 0 {
+		c.Cap.MaxRecvSGE = 1
+	}
+	if c.QKey == 0 {
+		c.QKey = defaultQKey
+	}
+	for _, d := range []*time.Duration{&c.ResolveAddrTimeout, &c.ResolveRouteTimeout, &c.ConnectTimeout, &c.CloseTimeout} {
+		if *d <= 0 {
+			*d = defaultStepTimeout
+		}
+	}
+	switch {
+	case c.ResolveRetries == 0:
+		c.ResolveRetries = defaultRetries
+	case c.ResolveRetries < 0:
+		c.ResolveRetries = 0
+	}
+	if c.Backlog <= 0 {
+		c.Backlog = defaultBacklog
+	}
+	return c
+}
+
+func (o *Options) portSpace() PortSpace {
+	if o.QPType == verbs.QPTypeUD {
+		return PortSpaceUDP
+	}
+	return PortSpaceTCP
+}
+
+func (o *Options) check() error {
+	switch o.QPType {
+	case verbs.QPTypeRC, verbs.QPTypeUD:
+	default:
+		return fmt.Errorf("rdmacm: QP type %v is not supported over the CM (RC or UD)", o.QPType)
+	}
+	if o.Mode != ModeCM && o.Mode != ModeManual {
+		return fmt.Errorf("rdmacm: unknown mode %v", o.Mode)
+	}
+	for _, v := range []*uint8{o.RetryCount, o.RNRRetryCount} {
+		if v != nil && *v > 7 {
+			return fmt.Errorf("rdmacm: retry counts are 3-bit values (0..7), got %d", *v)
+		}
+	}
+	if o.ACKTimeout > 31 {
+		return fmt.Errorf("rdmacm: ACK timeout is a 5-bit code (0..31), got %d", o.ACKTimeout)
+	}
+	return nil
+}
+
+func orSeven(v *uint8) uint8 {
+	if v == nil {
+		return 7
+	}
+	return *v
+}
+
+// parseAddr accepts "host:port" with a numeric host (IPv6 in brackets,
+// with a zone for link-local addresses).
+func parseAddr(s string) (netip.AddrPort, error) {
+	ap, err := netip.ParseAddrPort(s)
+	if err != nil {
+		return netip.AddrPort{}, fmt.Errorf("rdmacm: address %q: want a numeric host:port such as 10.0.0.1:7471 or [fe80::1%%eth0]:7471: %w", s, err)
+	}
+	return ap, nil
+}
+
+func addrPort(a netip.Addr) netip.AddrPort {
+	if !a.IsValid() {
+		return netip.AddrPort{}
+	}
+	return netip.AddrPortFrom(a, 0)
+}

@@ -1,0 +1,307 @@
+//go:build linux && cgo
+
+package rdmacm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"syscall"
+	"time"
+
+	"github.com/rdmago/rdmago/verbs"
+)
+
+// endpoint is one side of a connection while it is being set up.
+type endpoint struct {
+	op     string // "dial", "accept", "join multicast"
+	o      *Options
+	id     *cmID
+	local  netip.AddrPort
+	remote netip.AddrPort
+	res    resources
+	port   verbs.PortAttr
+	iwarp  bool
+}
+
+func (e *endpoint) fail(step string, kind, err error) *OpError {
+	oe := &OpError{Op: step, Local: e.local, Remote: e.remote, Device: e.id.deviceName(), Port: e.id.portNum(), Kind: kind, Err: err}
+	if e.res.qp != nil {
+		oe.QPN = e.res.qp.QPN
+	}
+	return oe
+}
+
+func (e *endpoint) failEvent(step string, kind error, ev *event) *OpError {
+	var cause error
+	if ev.Status < 0 {
+		cause = syscall.Errno(-ev.Status)
+	}
+	oe := e.fail(step, kind, cause)
+	oe.Event, oe.Status, oe.Hint = ev.Type.String(), ev.Status, hintFor(ev.Type, ev.Status)
+	return oe
+}
+
+// await waits for the next event of the id, for at most d.
+func (e *endpoint) await(ctx context.Context, step string, d time.Duration) (*event, error) {
+	wctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	ev, err := e.id.next(wctx)
+	switch {
+	case err == nil:
+		return ev, nil
+	case ctx.Err() != nil:
+		return nil, e.fail(step, nil, ctx.Err())
+	case errors.Is(err, context.DeadlineExceeded):
+		oe := e.fail(step, ErrTimeout, fmt.Errorf("no CM event within %v", d))
+		oe.Hint = timeoutHint(step)
+		return nil, oe
+	}
+	return nil, e.fail(step, nil, err)
+}
+
+func timeoutHint(step string) string {
+	switch step {
+	case "connect":
+		return "the peer did not answer: is it up, reachable, and is the port right? (a missing listener is rejected quickly on RoCE, but a dead or unreachable host only times out)"
+	case "accept":
+		return "the peer did not complete the handshake (it may have given up or gone away)"
+	}
+	return "raise the step's timeout in Options if the network is slow"
+}
+
+// setOptions applies the id options that must precede resolution.
+func (e *endpoint) setOptions() error {
+	o := e.o
+	if o.TOS != 0 {
+		if err := e.id.setOption(optTOS, []byte{o.TOS}); err != nil {
+			return e.fail("set RDMA_OPTION_ID_TOS", nil, err)
+		}
+	}
+	if o.ReuseAddr {
+		if err := e.id.setOption(optReuseAddr, intOpt(1)); err != nil {
+			return e.fail("set RDMA_OPTION_ID_REUSEADDR", nil, err)
+		}
+	}
+	if o.AFOnly {
+		if err := e.id.setOption(optAFOnly, intOpt(1)); err != nil {
+			return e.fail("set RDMA_OPTION_ID_AFONLY", nil, err)
+		}
+	}
+	if o.ACKTimeout != 0 {
+		if err := e.id.setOption(optACKTimeout, []byte{byte(o.ACKTimeout)}); err != nil {
+			return e.fail("set RDMA_OPTION_ID_ACK_TIMEOUT", nil, err)
+		}
+	}
+	return nil
+}
+
+func intOpt(v int32) []byte {
+	return []byte{byte(v), byte(v >> 8), byte(v >> 16), byte(v >> 24)} // host order (little-endian on every Linux RDMA platform we build for)
+}
+
+// deterministic ADDR_ERROR and ROUTE_ERROR statuses, which a retry cannot change.
+func retryable(status int) bool {
+	switch -status {
+	case int(syscall.ENODEV), int(syscall.ENETUNREACH), int(syscall.EHOSTUNREACH), int(syscall.EADDRNOTAVAIL), int(syscall.EINVAL):
+		return false
+	}
+	return true
+}
+
+// resolve runs address and route resolution with bounded retries.
+func (e *endpoint) resolve(ctx context.Context, src netip.Addr) error {
+	o := e.o
+	for attempt := 0; ; attempt++ {
+		if err := e.id.resolveAddr(src, e.remote, o.ResolveAddrTimeout); err != nil {
+			oe := e.fail("resolve address", ErrAddrResolution, err)
+			oe.Hint = hintFor(EventAddrError, -int(errnoOf(err).(syscall.Errno)))
+			return oe
+		}
+		ev, err := e.await(ctx, "resolve address", o.ResolveAddrTimeout+time.Second)
+		if err != nil {
+			return err
+		}
+		if ev.Type == EventAddrResolved {
+			break
+		}
+		if ev.Type != EventAddrError || attempt >= o.ResolveRetries || !retryable(ev.Status) {
+			return e.failEvent("resolve address", ErrAddrResolution, ev)
+		}
+	}
+	e.local = e.id.localAddr()
+	dev, err := e.id.device()
+	if err != nil {
+		return e.fail("resolve address", ErrAddrResolution, err)
+	}
+	e.res.dev = dev
+	e.iwarp = dev.Info.Transport == verbs.TransportIWARP
+	if err := e.checkMode(); err != nil {
+		return err
+	}
+	for attempt := 0; ; attempt++ {
+		if err := e.id.resolveRoute(o.ResolveRouteTimeout); err != nil {
+			return e.fail("resolve route", ErrRouteResolution, err)
+		}
+		ev, err := e.await(ctx, "resolve route", o.ResolveRouteTimeout+time.Second)
+		if err != nil {
+			return err
+		}
+		if ev.Type == EventRouteResolved {
+			return nil
+		}
+		if ev.Type != EventRouteError || attempt >= o.ResolveRetries || !retryable(ev.Status) {
+			return e.failEvent("resolve route", ErrRouteResolution, ev)
+		}
+	}
+}
+
+func (e *endpoint) checkMode() error {
+	if e.o.Mode == ModeManual && e.iwarp {
+		oe := e.fail(e.op, ErrManualOnIWARP, nil)
+		oe.Hint = "on iWARP the CM and the provider move the QP to RTS themselves (siw fails a user RTS with EINVAL); use ModeCM"
+		return oe
+	}
+	return nil
+}
+
+// prepare makes the PD, CQs and QP. In ModeCM librdmacm creates the QP
+// (and moves it); in ModeManual it is ours, taken to INIT here.
+func (e *endpoint) prepare() error {
+	o := e.o
+	if e.res.dev == nil {
+		dev, err := e.id.device()
+		if err != nil {
+			return e.fail("create QP", nil, err)
+		}
+		e.res.dev = dev
+		e.iwarp = dev.Info.Transport == verbs.TransportIWARP
+	}
+	dev := e.res.dev
+	var err error
+	if e.port, err = dev.QueryPort(e.id.portNum()); err != nil {
+		return e.fail("query port", nil, err)
+	}
+	if e.res.pd, err = dev.AllocPD(); err != nil {
+		return e.fail("allocate PD", nil, err)
+	}
+	sn, rn := int(o.Cap.MaxSendWR), int(o.Cap.MaxRecvWR)
+	if o.CQEntries > 0 {
+		sn, rn = o.CQEntries, o.CQEntries
+	}
+	if e.res.scq, err = dev.CreateCQ(sn); err != nil {
+		return e.fail("create CQ", nil, err)
+	}
+	if e.res.rcq, err = dev.CreateCQ(rn); err != nil {
+		return e.fail("create CQ", nil, err)
+	}
+	if o.Mode == ModeCM {
+		if e.res.qp, err = e.id.createQP(e.res.pd, e.res.scq, e.res.rcq, o.QPType, o.Cap); err != nil {
+			oe := e.fail("rdma_create_qp", nil, err)
+			oe.Hint = fmt.Sprintf("%v QP with %+v", o.QPType, o.Cap)
+			if errors.Is(err, syscall.ENOMEM) || errors.Is(err, syscall.ENOSPC) {
+				oe.Hint += ": the device or the locked-memory limit (ulimit -l) ran out of room for another QP"
+			}
+			return oe
+		}
+		return nil
+	}
+	if e.res.qp, err = e.res.pd.CreateQP(verbs.QPInit{Type: o.QPType, SendCQ: e.res.scq, RecvCQ: e.res.rcq, Cap: o.Cap}); err != nil {
+		return e.fail("create QP", nil, err)
+	}
+	return e.move(verbs.QPStateInit, 0)
+}
+
+// move takes a manual QP to state with the CM's attributes for it, after
+// BeforeModify; the path MTU is at most both sides' active MTU.
+func (e *endpoint) move(to verbs.QPState, peerMTU verbs.MTU) error {
+	qp := e.res.qp
+	from := qp.State()
+	step := fmt.Sprintf("modify QP %v", verbs.Transition{From: from, To: to})
+	attr, mask, err := e.id.initQPAttr(to)
+	if err != nil {
+		oe := e.fail(step, nil, fmt.Errorf("rdma_init_qp_attr: %w", err))
+		if to == verbs.QPStateRTR && e.op == "dial" {
+			oe.Hint = "the CM has no RTR attributes before the peer's reply"
+		}
+		return oe
+	}
+	if mask&verbs.AttrPathMTU != 0 {
+		if m := e.port.ActiveMTU; m.Valid() && m < attr.PathMTU {
+			attr.PathMTU = m
+		}
+		if peerMTU.Valid() && peerMTU < attr.PathMTU {
+			attr.PathMTU = peerMTU
+		}
+	}
+	if h := e.o.BeforeModify; h != nil {
+		if err := h(verbs.Transition{From: from, To: to}, &attr, &mask); err != nil {
+			return e.fail(step, nil, fmt.Errorf("BeforeModify: %w", err))
+		}
+	}
+	if err := qp.Modify(&attr, mask); err != nil {
+		return e.fail(step, nil, err)
+	}
+	return nil
+}
+
+// localMTU is what this side tells the peer in the private data header.
+func (e *endpoint) localMTU() verbs.MTU {
+	if e.iwarp {
+		return 0
+	}
+	return e.port.ActiveMTU
+}
+
+// rdAtomic fills in responder resources and initiator depth: the device's
+// maxima, capped by the options and (passive side) by what the peer offered.
+func (e *endpoint) rdAtomic(p *ConnParam, peer *ConnParam) error {
+	a, err := queryDevice(e.res.dev)
+	if err != nil {
+		return e.fail("query device", nil, err)
+	}
+	rr, depth := a.MaxQPRdAtom, a.MaxQPInitRdAtom
+	if e.o.ResponderResources != 0 {
+		rr = min(rr, int(e.o.ResponderResources))
+	}
+	if e.o.InitiatorDepth != 0 {
+		depth = min(depth, int(e.o.InitiatorDepth))
+	}
+	if peer != nil {
+		rr = min(rr, int(peer.InitiatorDepth))
+		depth = min(depth, int(peer.ResponderResources))
+	}
+	p.ResponderResources, p.InitiatorDepth = uint8(min(rr, 255)), uint8(min(depth, 255))
+	return nil
+}
+
+// conn assembles the Conn once the connection is up and routes the id's
+// later events to it.
+func (e *endpoint) conn(peerData []byte, mode Mode) *Conn {
+	c := &Conn{QP: e.res.qp, SendCQ: e.res.scq, RecvCQ: e.res.rcq, PD: e.res.pd, Device: e.res.dev,
+		peerData: peerData, opts: *e.o, id: e.id, done: make(chan struct{})}
+	res := e.res
+	c.res = &res
+	e.res = resources{}
+	c.path = Path{Local: e.id.localAddr(), Remote: e.id.peerAddr(), Device: e.id.deviceName(), Port: e.id.portNum(),
+		Transport: c.Device.Info.Transport, GIDIndex: -1, Mode: mode}
+	if !c.path.Remote.IsValid() {
+		c.path.Remote = e.remote
+	}
+	if c.path.Transport != verbs.TransportIWARP {
+		if c.QP.Type == verbs.QPTypeUD {
+			c.path.MTU = e.port.ActiveMTU
+		} else if a, err := c.QP.Query(verbs.AttrAV | verbs.AttrPathMTU); err == nil {
+			c.path.GIDIndex, c.path.MTU = int(a.AH.GRH.SGIDIndex), a.PathMTU
+		}
+	}
+	e.id.setHandler(c.onEvent)
+	return c
+}
+
+// abort releases whatever was made, after a failure or cancellation.
+func (e *endpoint) abort() {
+	e.res.close()
+	e.id.close()
+}
