@@ -302,6 +302,18 @@ func (c *cmID) setHandler(h func(*event)) {
 	c.queue = nil
 }
 
+// poll returns a queued event, or nil.
+func (c *cmID) poll() *event {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.queue) == 0 {
+		return nil
+	}
+	ev := c.queue[0]
+	c.queue = c.queue[1:]
+	return ev
+}
+
 // next waits for the next queued event.
 func (c *cmID) next(ctx context.Context) (*event, error) {
 	for {

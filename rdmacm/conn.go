@@ -58,7 +58,8 @@ type Conn struct {
 
 	path     Path
 	peerData []byte
-	peer     UDPeer // UD, active side
+	peer     UDPeer     // UD: the dialed peer, or the multicast group
+	group    netip.Addr // multicast: the group joined
 	opts     Options
 
 	id  *cmID
@@ -158,6 +159,9 @@ func (c *Conn) Close() error {
 				}
 			}
 		}
+		if c.group.IsValid() {
+			c.id.leaveMulticast(c.group)
+		}
 		c.end(ErrClosed, nil)
 		c.mrMu.Lock()
 		for _, mr := range c.mrs {
@@ -183,7 +187,6 @@ func (c *Conn) RegisterMemory(size int, access verbs.AccessFlags) (*verbs.MR, er
 	c.mrs = append(c.mrs, mr)
 	return mr, nil
 }
-
 
 // RemoteBufferOf describes n bytes of mr from off, for the peer.
 func RemoteBufferOf(mr *verbs.MR, off, n int) RemoteBuffer {
@@ -242,6 +245,24 @@ func (c *Conn) SendTo(ctx context.Context, mr *verbs.MR, off, n int, peer UDPeer
 	}
 	return c.post(ctx, "send to", verbs.SendWR{Opcode: verbs.OpSend, SGEs: []verbs.SGE{mr.SGE(off, n)},
 		AH: peer.AH, RemoteQPN: peer.QPN, RemoteQKey: peer.QKey})
+}
+
+// ReplyTo addresses the sender of a UD receive: wc is its completion and
+// mr at off the receive buffer, whose first verbs.GRHSize bytes hold the
+// GRH. The address handle is released with the Conn.
+func (c *Conn) ReplyTo(wc verbs.WorkCompletion, mr *verbs.MR, off int) (UDPeer, error) {
+	attr, err := c.PD.AHAttrFromWC(c.path.Port, wc, mr.Bytes()[off:off+verbs.GRHSize])
+	if err != nil {
+		return UDPeer{}, c.opError("address the sender", nil, err)
+	}
+	ah, err := c.PD.CreateAH(attr)
+	if err != nil {
+		return UDPeer{}, c.opError("address the sender", nil, err)
+	}
+	c.mrMu.Lock()
+	c.res.ahs = append(c.res.ahs, ah)
+	c.mrMu.Unlock()
+	return UDPeer{AH: ah, QPN: wc.SrcQP, QKey: udpQKey}, nil
 }
 
 // post posts one signaled work request and waits for its completion. The

@@ -4,6 +4,8 @@ package rdmacm
 
 import (
 	"context"
+	"errors"
+	"syscall"
 
 	"github.com/rdmago/rdmago/verbs"
 )
@@ -37,7 +39,14 @@ func Dial(ctx context.Context, address string, opts *Options) (*Conn, error) {
 	e := &endpoint{op: "dial", o: &o, id: id, local: addrPort(o.Source), remote: dst}
 	c, err := e.dial(ctx)
 	if err != nil {
-		e.abort()
+		if e.iwarp && e.connecting && (ctx.Err() != nil || errors.Is(err, ErrTimeout)) {
+			// The iWARP CM's destroy waits for a pending connect to end
+			// (the MPA reply, or its timeout of about 10 s): release in the
+			// background so that the caller is not held up.
+			go e.abort()
+		} else {
+			e.abort()
+		}
 		return nil, err
 	}
 	return c, nil
@@ -67,8 +76,15 @@ func (e *endpoint) dial(ctx context.Context) (*Conn, error) {
 		return nil, e.fail("connect", nil, err)
 	}
 	if err := e.id.connectOrAccept(false, p, data); err != nil {
+		if errors.Is(err, syscall.ECONNREFUSED) {
+			// iWARP connects its TCP stream in rdma_connect: a refusal is immediate.
+			oe := e.fail("connect", nil, &RejectedError{Status: rejectIWARP})
+			oe.Hint = rejectMeaning(rejectIWARP)
+			return nil, oe
+		}
 		return nil, e.fail("connect", ErrConnect, err)
 	}
+	e.connecting = true
 	ev, err := e.await(ctx, "connect", o.ConnectTimeout)
 	if err != nil {
 		return nil, err

@@ -111,7 +111,8 @@ func (e *OpError) Timeout() bool {
 type RejectedError struct {
 	// Status is the CM's reason: on InfiniBand and RoCE an IB CM reject
 	// reason (8: no listener on that port; 28: the application rejected),
-	// on iWARP a negative errno (-111: refused or rejected).
+	// on iWARP a negative errno (-111: nobody listens, the TCP connection
+	// was refused; -104: the peer rejected the MPA request).
 	Status int
 	// PrivateData is what the peer passed to Reject (without rdmago's header).
 	PrivateData []byte
@@ -131,15 +132,18 @@ func (e *RejectedError) Error() string {
 // Is makes errors.Is(err, ErrRejected) true.
 func (e *RejectedError) Is(target error) bool { return target == ErrRejected }
 
-// ConsumerReject reports whether the peer application called Reject (as
-// opposed to no one listening). iWARP cannot tell the two apart.
-func (e *RejectedError) ConsumerReject() bool { return e.Status == rejectConsumer }
+// ConsumerReject reports whether the peer application (or its CM) refused
+// the request, as opposed to no one listening.
+func (e *RejectedError) ConsumerReject() bool {
+	return e.Status == rejectConsumer || e.Status == rejectIWARPMPA
+}
 
 const (
 	rejectNoListener = 8  // IB_CM_REJ_INVALID_SERVICE_ID
 	rejectStale      = 10 // IB_CM_REJ_STALE_CONN
 	rejectConsumer   = 28 // IB_CM_REJ_CONSUMER_DEFINED
 	rejectIWARP      = -int(syscall.ECONNREFUSED)
+	rejectIWARPMPA   = -int(syscall.ECONNRESET)
 )
 
 func rejectMeaning(status int) string {
@@ -151,7 +155,9 @@ func rejectMeaning(status int) string {
 	case rejectConsumer:
 		return "the peer application rejected the request"
 	case rejectIWARP:
-		return "iWARP: no listener, or the peer rejected the request"
+		return "iWARP: the TCP connection was refused, usually no listener on that address and port"
+	case rejectIWARPMPA:
+		return "iWARP: the peer rejected the MPA request (the application rejected, or its CM refused)"
 	}
 	return ""
 }

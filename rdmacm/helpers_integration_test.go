@@ -5,6 +5,7 @@ package rdmacm_test
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"os"
 	"os/exec"
 	"runtime"
@@ -168,3 +169,11 @@ func pair(t *testing.T, d device, opts *rdmacm.Options) (client, server *rdmacm.
 }
 
 const access = verbs.AccessLocalWrite | verbs.AccessRemoteWrite | verbs.AccessRemoteRead
+
+func run(t *testing.T, args ...string) {
+	t.Helper()
+	out, err := exec.Command(args[0], args[1:]...).CombinedOutput()
+	require.NoError(t, err, "%v: %s", args, out)
+}
+
+func mustAddr(s string) netip.Addr { return netip.MustParseAddr(s) }

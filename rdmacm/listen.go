@@ -4,6 +4,8 @@ package rdmacm
 
 import (
 	"context"
+	"errors"
+	"syscall"
 	"net/netip"
 	"sync"
 	"sync/atomic"
@@ -184,8 +186,19 @@ func (e *endpoint) accept(ctx context.Context, r *ConnRequest, privateData []byt
 		e.id.reject(nil)
 		return nil, e.fail("accept", nil, err)
 	}
+	// The dialer may have given up while the request waited.
+	if ev := e.id.poll(); ev != nil {
+		return nil, e.failEvent("accept", peerGone(ev.Type), ev)
+	}
 	if err := e.prepare(); err != nil {
 		e.id.reject(nil)
+		if ev := e.id.poll(); ev != nil { // the reason the CM refused
+			return nil, e.failEvent("accept", peerGone(ev.Type), ev)
+		}
+		var oe *OpError
+		if errors.As(err, &oe) && errors.Is(err, syscall.EINVAL) {
+			oe.Hint = "the CM no longer takes this request: the dialer probably gave up (cancelled or timed out) while it waited"
+		}
 		return nil, err
 	}
 	if err := e.checkMode(); err != nil {
@@ -207,13 +220,6 @@ func (e *endpoint) accept(ctx context.Context, r *ConnRequest, privateData []byt
 			if err := e.move(verbs.QPStateRTS, 0); err != nil {
 				e.id.reject(nil)
 				return nil, err
-			}
-		} else {
-			for _, s := range []verbs.QPState{verbs.QPStateRTR, verbs.QPStateRTS} {
-				if err := e.move(s, 0); err != nil {
-					e.id.reject(nil)
-					return nil, err
-				}
 			}
 		}
 	}
@@ -237,10 +243,18 @@ func (e *endpoint) accept(ctx context.Context, r *ConnRequest, privateData []byt
 		oe := e.failEvent("accept", nil, ev)
 		oe.Err = &RejectedError{Status: ev.Status}
 		return nil, oe
-	case EventDisconnected:
-		return nil, e.failEvent("accept", ErrDisconnected, ev)
-	case EventDeviceRemoval:
-		return nil, e.failEvent("accept", ErrDeviceRemoved, ev)
 	}
-	return nil, e.failEvent("accept", ErrConnect, ev)
+	return nil, e.failEvent("accept", peerGone(ev.Type), ev)
+}
+
+func peerGone(t EventType) error {
+	switch t {
+	case EventDisconnected:
+		return ErrDisconnected
+	case EventDeviceRemoval:
+		return ErrDeviceRemoved
+	case EventUnreachable:
+		return ErrUnreachable
+	}
+	return ErrConnect
 }

@@ -48,8 +48,6 @@ type Options struct {
 	Cap verbs.QPCap
 	// CQEntries sizes each CQ; default MaxSendWR and MaxRecvWR.
 	CQEntries int
-	// QKey for UD (default 0x11111111, librdmacm's RDMA_UDP_QKEY).
-	QKey uint32
 
 	Mode Mode
 	// BeforeModify (ModeManual) sees each transition's attributes before the
@@ -105,8 +103,8 @@ const (
 	defaultRetries     = 2
 	defaultWR          = 16
 	defaultBacklog     = 128
-	// RDMA_UDP_QKEY
-	defaultQKey = 0x11111111
+	// udpQKey is the qkey of every PS_UDP QP (librdmacm's RDMA_UDP_QKEY).
+	udpQKey = 0x11111111
 )
 
 // withDefaults returns a copy with every zero field filled in.
@@ -129,9 +127,6 @@ func (o *Options) withDefaults() Options {
 	}
 	if c.Cap.MaxRecvSGE == 0 {
 		c.Cap.MaxRecvSGE = 1
-	}
-	if c.QKey == 0 {
-		c.QKey = defaultQKey
 	}
 	for _, d := range []*time.Duration{&c.ResolveAddrTimeout, &c.ResolveRouteTimeout, &c.ConnectTimeout, &c.CloseTimeout} {
 		if *d <= 0 {

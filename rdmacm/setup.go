@@ -23,6 +23,8 @@ type endpoint struct {
 	res    resources
 	port   verbs.PortAttr
 	iwarp  bool
+	// connecting: a connect request is out and not yet answered.
+	connecting bool
 }
 
 func (e *endpoint) fail(step string, kind, err error) *OpError {
@@ -210,7 +212,19 @@ func (e *endpoint) prepare() error {
 	if e.res.qp, err = e.res.pd.CreateQP(verbs.QPInit{Type: o.QPType, SendCQ: e.res.scq, RecvCQ: e.res.rcq, Cap: o.Cap}); err != nil {
 		return e.fail("create QP", nil, err)
 	}
-	return e.move(verbs.QPStateInit, 0)
+	if err := e.move(verbs.QPStateInit, 0); err != nil {
+		return err
+	}
+	if o.QPType == verbs.QPTypeUD {
+		// A UD QP needs no peer: straight on to RTS, as librdmacm does with its own.
+		if err := e.res.qp.Modify(&verbs.QPAttr{State: verbs.QPStateRTR}, verbs.AttrState); err != nil {
+			return e.fail("modify QP INIT→RTR", nil, err)
+		}
+		if err := e.res.qp.Modify(&verbs.QPAttr{State: verbs.QPStateRTS}, verbs.AttrState|verbs.AttrSQPSN); err != nil {
+			return e.fail("modify QP RTR→RTS", nil, err)
+		}
+	}
+	return nil
 }
 
 // move takes a manual QP to state with the CM's attributes for it, after

@@ -84,6 +84,19 @@ static int rdmago_req_notify(struct ibv_cq *cq) {
 }
 
 static uint32_t rdmago_ntohl(uint32_t v) { return ntohl(v); }
+
+// The fields of a received UD completion that ibv_init_ah_from_wc reads.
+static int rdmago_ah_from_wc(struct ibv_context *ctx, uint8_t port, uint32_t flags, uint32_t src_qp,
+		uint16_t slid, uint8_t sl, uint16_t pkey_index, struct ibv_grh *grh, struct ibv_ah_attr *out) {
+	struct ibv_wc wc;
+	memset(&wc, 0, sizeof(wc));
+	wc.wc_flags = flags;
+	wc.src_qp = src_qp;
+	wc.slid = slid;
+	wc.sl = sl;
+	wc.pkey_index = pkey_index;
+	return ibv_init_ah_from_wc(ctx, port, &wc, grh, out);
+}
 */
 import "C"
 
@@ -373,6 +386,34 @@ func (p *PD) CreateAH(attr AHAttr) (*AH, error) {
 		return nil, e
 	}
 	return &AH{pd: p, ah: ah}, nil
+}
+
+// GRHSize is the room a UD receive buffer keeps for the GRH before the data.
+const GRHSize = 40
+
+// AHAttrFromWC is the address vector back to the sender of a UD receive
+// (ibv_init_ah_from_wc): wc is its completion and grh the first GRHSize
+// bytes of its buffer. On RoCE the GRH is always there; the source GID
+// index is the local entry that matches the packet's destination GID.
+func (p *PD) AHAttrFromWC(port int, wc WorkCompletion, grh []byte) (AHAttr, error) {
+	if len(grh) < GRHSize {
+		return AHAttr{}, &OpError{Op: "ibv_init_ah_from_wc", Device: p.dev.Info.Name, Port: port, Err: syscall.EINVAL,
+			Hint: fmt.Sprintf("pass the first %d bytes of the receive buffer (the GRH)", GRHSize)}
+	}
+	g := (*C.struct_ibv_grh)(C.malloc(GRHSize))
+	defer C.free(unsafe.Pointer(g))
+	copy(unsafe.Slice((*byte)(unsafe.Pointer(g)), GRHSize), grh)
+	var out C.struct_ibv_ah_attr
+	ctx, err := p.dev.context()
+	if err != nil {
+		return AHAttr{}, err
+	}
+	if rc, err := C.rdmago_ah_from_wc(ctx, C.uint8_t(port), C.uint32_t(wc.Flags), C.uint32_t(wc.SrcQP),
+		C.uint16_t(wc.SLID), C.uint8_t(wc.SL), C.uint16_t(wc.PKeyIndex), g, &out); rc != 0 {
+		return AHAttr{}, &OpError{Op: "ibv_init_ah_from_wc", Device: p.dev.Info.Name, Port: port, Err: errnoOf(err),
+			Hint: "no local GID matches the packet's destination, or the completion has no GRH"}
+	}
+	return ahFromC(&out), nil
 }
 
 // Close destroys the address handle.

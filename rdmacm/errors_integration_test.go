@@ -1,0 +1,316 @@
+//go:build integration
+
+package rdmacm_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os/exec"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/rdmago/rdmago/rdmacm"
+)
+
+func TestPrivateDataBothWays(t *testing.T) {
+	forEachDevice(t, func(t *testing.T, d device) {
+		checkNoLeaks(t)
+		ctx := ctxFor(t, 20*time.Second)
+		connectData := bytes.Repeat([]byte{0xc1}, 52) // 56 on the wire less our header
+		acceptData := bytes.Repeat([]byte{0xa2}, 192) // 196 less the header
+		addr := d.at(port())
+		l, err := rdmacm.Listen(addr, nil)
+		require.NoError(t, err)
+		defer l.Close()
+		served := make(chan *rdmacm.Conn, 1)
+		go func() {
+			defer close(served)
+			r, err := l.Request(ctx)
+			if !assert.NoError(t, err) {
+				return
+			}
+			assert.Equal(t, connectData, r.PrivateData, "the request carries exactly what was sent")
+			assert.Equal(t, d.name, r.Device)
+			c, err := r.Accept(ctx, acceptData)
+			if assert.NoError(t, err) {
+				served <- c
+			}
+		}()
+		c, err := rdmacm.Dial(ctx, addr, &rdmacm.Options{PrivateData: connectData})
+		require.NoError(t, err)
+		defer c.Close()
+		assert.Equal(t, acceptData, c.PeerPrivateData())
+		s := <-served
+		require.NotNil(t, s)
+		defer s.Close()
+		assert.Equal(t, connectData, s.PeerPrivateData())
+	})
+}
+
+func TestOversizePrivateDataRefusedBeforeTheWire(t *testing.T) {
+	checkNoLeaks(t)
+	d := rxe(t)
+	ctx := ctxFor(t, 20*time.Second)
+	_, err := rdmacm.Dial(ctx, d.at(port()), &rdmacm.Options{PrivateData: make([]byte, 53)})
+	require.ErrorIs(t, err, rdmacm.ErrPrivateDataTooLong)
+	assert.Contains(t, err.Error(), "at most 52")
+
+	_, err = rdmacm.Dial(ctx, d.at(port()), &rdmacm.Options{PrivateData: make([]byte, 57), RawPrivateData: true})
+	require.ErrorIs(t, err, rdmacm.ErrPrivateDataTooLong)
+	assert.Contains(t, err.Error(), "at most 56")
+
+	// Accept with too much: refused locally, and the dialer is rejected.
+	addr := d.at(port())
+	l, err := rdmacm.Listen(addr, nil)
+	require.NoError(t, err)
+	defer l.Close()
+	go func() {
+		r, err := l.Request(ctx)
+		if assert.NoError(t, err) {
+			_, err = r.Accept(ctx, make([]byte, 193))
+			assert.ErrorIs(t, err, rdmacm.ErrPrivateDataTooLong)
+		}
+	}()
+	_, err = rdmacm.Dial(ctx, addr, nil)
+	assert.ErrorIs(t, err, rdmacm.ErrRejected)
+}
+
+func TestRejectWithPrivateData(t *testing.T) {
+	forEachDevice(t, func(t *testing.T, d device) {
+		checkNoLeaks(t)
+		ctx := ctxFor(t, 20*time.Second)
+		addr := d.at(port())
+		l, err := rdmacm.Listen(addr, nil)
+		require.NoError(t, err)
+		defer l.Close()
+		reason := []byte("server full, try 10.0.0.9")
+		go func() {
+			r, err := l.Request(ctx)
+			if assert.NoError(t, err) {
+				assert.NoError(t, r.Reject(reason))
+			}
+		}()
+		start := time.Now()
+		_, err = rdmacm.Dial(ctx, addr, nil)
+		require.ErrorIs(t, err, rdmacm.ErrRejected)
+		var rej *rdmacm.RejectedError
+		require.ErrorAs(t, err, &rej)
+		if d.iwarp {
+			assert.Equal(t, -int(syscall.ECONNRESET), rej.Status, "siw answers an MPA reject with ECONNRESET")
+		} else {
+			assert.Equal(t, 28, rej.Status)
+		}
+		assert.True(t, rej.ConsumerReject())
+		assert.Equal(t, reason, rej.PrivateData, "the reject's private data reaches the dialer")
+		assert.Less(t, time.Since(start), 2*time.Second)
+		assert.Contains(t, err.Error(), addr)
+		assert.Contains(t, err.Error(), d.name)
+	})
+}
+
+func TestDialNoListener(t *testing.T) {
+	forEachDevice(t, func(t *testing.T, d device) {
+		checkNoLeaks(t)
+		start := time.Now()
+		_, err := rdmacm.Dial(ctxFor(t, 20*time.Second), d.at(port()), nil)
+		require.ErrorIs(t, err, rdmacm.ErrRejected)
+		var rej *rdmacm.RejectedError
+		require.ErrorAs(t, err, &rej)
+		if d.iwarp {
+			assert.Equal(t, -int(syscall.ECONNREFUSED), rej.Status)
+		} else {
+			assert.Equal(t, 8, rej.Status)
+			assert.Contains(t, err.Error(), "no listener")
+		}
+		assert.Less(t, time.Since(start), 2*time.Second, "refused at once, not timed out")
+	})
+}
+
+func TestDialAddressWithoutRDMADevice(t *testing.T) {
+	checkNoLeaks(t)
+	// A netdev no RDMA device is bound to, and a route through it.
+	run(t, "ip", "link", "add", "nordma0", "type", "dummy")
+	t.Cleanup(func() { exec.Command("ip", "link", "del", "nordma0").Run() })
+	run(t, "ip", "link", "set", "nordma0", "up")
+	run(t, "ip", "addr", "add", "10.61.0.1/24", "dev", "nordma0")
+	opts := &rdmacm.Options{ResolveAddrTimeout: 500 * time.Millisecond}
+	start := time.Now()
+	_, err := rdmacm.Dial(ctxFor(t, 20*time.Second), "10.61.0.2:7000", opts)
+	require.ErrorIs(t, err, rdmacm.ErrAddrResolution)
+	t.Log(err)
+	assert.Less(t, time.Since(start), 5*time.Second)
+	var oe *rdmacm.OpError
+	require.ErrorAs(t, err, &oe)
+	assert.Equal(t, "resolve address", oe.Op)
+
+	// A source address on that netdev: no RDMA device there either.
+	_, err = rdmacm.Dial(ctxFor(t, 20*time.Second), rxe(t).at(port()), &rdmacm.Options{Source: mustAddr("10.61.0.1")})
+	require.ErrorIs(t, err, rdmacm.ErrAddrResolution)
+	assert.ErrorIs(t, err, syscall.ENODEV)
+	assert.Contains(t, err.Error(), "not on an RDMA netdev")
+}
+
+func TestDialUnroutable(t *testing.T) {
+	checkNoLeaks(t)
+	start := time.Now()
+	_, err := rdmacm.Dial(ctxFor(t, 20*time.Second), "198.51.100.7:7000", nil)
+	require.ErrorIs(t, err, rdmacm.ErrAddrResolution)
+	assert.ErrorIs(t, err, syscall.ENETUNREACH)
+	assert.Less(t, time.Since(start), 3*time.Second)
+	assert.Contains(t, err.Error(), "198.51.100.7:7000")
+}
+
+// An on-link address nobody answers ARP for: resolution times out after
+// ResolveAddrTimeout, and the retries are bounded.
+func TestDialSilentNeighbourTimesOut(t *testing.T) {
+	checkNoLeaks(t)
+	opts := &rdmacm.Options{ResolveAddrTimeout: 300 * time.Millisecond, ResolveRetries: 1}
+	start := time.Now()
+	_, err := rdmacm.Dial(ctxFor(t, 20*time.Second), "10.10.0.77:7000", opts)
+	elapsed := time.Since(start)
+	require.ErrorIs(t, err, rdmacm.ErrAddrResolution)
+	assert.ErrorIs(t, err, syscall.ETIMEDOUT)
+	var oe *rdmacm.OpError
+	require.ErrorAs(t, err, &oe)
+	assert.True(t, oe.Timeout())
+	assert.Contains(t, err.Error(), "ADDR_ERROR")
+	assert.Less(t, elapsed, 3*time.Second, "two attempts of 300 ms, not more")
+}
+
+func TestCancelDuringResolve(t *testing.T) {
+	checkNoLeaks(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(200*time.Millisecond, cancel)
+	start := time.Now()
+	_, err := rdmacm.Dial(ctx, "10.10.0.77:7000", &rdmacm.Options{ResolveAddrTimeout: 10 * time.Second})
+	assert.ErrorIs(t, err, context.Canceled)
+	assert.Less(t, time.Since(start), time.Second, "returns promptly")
+}
+
+// The listener never answers (its request waits in the backlog): the
+// dialer's cancel ends the connect step.
+func TestCancelDuringConnect(t *testing.T) {
+	forEachDevice(t, func(t *testing.T, d device) {
+		checkNoLeaks(t)
+		addr := d.at(port())
+		l, err := rdmacm.Listen(addr, nil)
+		require.NoError(t, err)
+		defer l.Close()
+		ctx, cancel := context.WithCancel(context.Background())
+		time.AfterFunc(300*time.Millisecond, cancel)
+		start := time.Now()
+		_, err = rdmacm.Dial(ctx, addr, &rdmacm.Options{ConnectTimeout: 10 * time.Second})
+		assert.ErrorIs(t, err, context.Canceled)
+		assert.Less(t, time.Since(start), time.Second)
+		var oe *rdmacm.OpError
+		require.ErrorAs(t, err, &oe)
+		assert.Equal(t, "connect", oe.Op)
+	})
+}
+
+func TestConnectTimeout(t *testing.T) {
+	forEachDevice(t, func(t *testing.T, d device) {
+		checkNoLeaks(t)
+		addr := d.at(port())
+		l, err := rdmacm.Listen(addr, nil)
+		require.NoError(t, err)
+		defer l.Close()
+		start := time.Now()
+		_, err = rdmacm.Dial(ctxFor(t, 20*time.Second), addr, &rdmacm.Options{ConnectTimeout: 500 * time.Millisecond})
+		require.ErrorIs(t, err, rdmacm.ErrTimeout)
+		assert.Less(t, time.Since(start), 2*time.Second)
+	})
+}
+
+func TestCancelDuringAccept(t *testing.T) {
+	forEachDevice(t, func(t *testing.T, d device) {
+		checkNoLeaks(t)
+		l, err := rdmacm.Listen(d.at(port()), nil)
+		require.NoError(t, err)
+		defer l.Close()
+		ctx, cancel := context.WithCancel(context.Background())
+		time.AfterFunc(200*time.Millisecond, cancel)
+		start := time.Now()
+		_, err = l.Accept(ctx)
+		assert.ErrorIs(t, err, context.Canceled)
+		assert.Less(t, time.Since(start), time.Second)
+
+		// Closing the listener wakes an Accept too.
+		done := make(chan error, 1)
+		go func() {
+			_, err := l.Accept(context.Background())
+			done <- err
+		}()
+		time.Sleep(100 * time.Millisecond)
+		require.NoError(t, l.Close())
+		select {
+		case err := <-done:
+			assert.ErrorIs(t, err, rdmacm.ErrClosed)
+		case <-time.After(2 * time.Second):
+			t.Fatal("Close did not wake Accept")
+		}
+	})
+}
+
+// The accepting side waits for the RTU; a dialer that goes away meanwhile
+// leaves it with an error, not a hang.
+func TestAcceptWhenDialerGivesUp(t *testing.T) {
+	forEachDevice(t, func(t *testing.T, d device) {
+		checkNoLeaks(t)
+		addr := d.at(port())
+		l, err := rdmacm.Listen(addr, &rdmacm.Options{ConnectTimeout: 3 * time.Second})
+		require.NoError(t, err)
+		defer l.Close()
+		dialCtx, cancel := context.WithCancel(context.Background())
+		dialed := make(chan error, 1)
+		go func() {
+			_, err := rdmacm.Dial(dialCtx, addr, &rdmacm.Options{ConnectTimeout: 10 * time.Second})
+			dialed <- err
+		}()
+		r, err := l.Request(ctxFor(t, 10*time.Second))
+		require.NoError(t, err)
+		cancel()
+		assert.ErrorIs(t, <-dialed, context.Canceled)
+		c, err := r.Accept(ctxFor(t, 10*time.Second), nil)
+		if err == nil {
+			// iWARP: the dialer's TCP stream may complete the handshake
+			// before its close tears the connection down.
+			require.True(t, d.iwarp, "RoCE: the request of a dialer that left cannot be accepted")
+			defer c.Close()
+			select {
+			case <-c.Done():
+				assert.ErrorIs(t, c.Err(), rdmacm.ErrDisconnected)
+			case <-time.After(15 * time.Second):
+				t.Fatal("the accepted connection of a dialer that left never ended")
+			}
+			return
+		}
+		t.Log(err)
+	})
+}
+
+func TestDoubleUseOfRequest(t *testing.T) {
+	checkNoLeaks(t)
+	d := rxe(t)
+	addr := d.at(port())
+	ctx := ctxFor(t, 10*time.Second)
+	l, err := rdmacm.Listen(addr, nil)
+	require.NoError(t, err)
+	defer l.Close()
+	go func() {
+		r, err := l.Request(ctx)
+		if assert.NoError(t, err) {
+			assert.NoError(t, r.Reject(nil))
+			assert.ErrorIs(t, r.Reject(nil), rdmacm.ErrClosed)
+			_, err := r.Accept(ctx, nil)
+			assert.ErrorIs(t, err, rdmacm.ErrClosed)
+		}
+	}()
+	_, err = rdmacm.Dial(ctx, addr, nil)
+	assert.True(t, errors.Is(err, rdmacm.ErrRejected), "%v", err)
+}

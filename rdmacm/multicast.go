@@ -1,0 +1,92 @@
+//go:build linux && cgo
+
+package rdmacm
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+
+	"github.com/rdmago/rdmago/verbs"
+)
+
+// JoinMulticast joins the multicast group (an IPv4 or IPv6 multicast
+// address) from opts.Source, or from the address the kernel picks, with a
+// UD QP attached to it. Send to the group with SendTo(..., c.Peer());
+// receives carry a GRH like any UD receive. Close leaves the group.
+// InfiniBand and RoCE only (iWARP has no UD); the CM attaches the QP, so
+// ModeManual is refused.
+func JoinMulticast(ctx context.Context, group netip.Addr, opts *Options) (*Conn, error) {
+	o := opts.withDefaults()
+	o.QPType = verbs.QPTypeUD
+	if err := o.check(); err != nil {
+		return nil, err
+	}
+	if !group.IsMulticast() {
+		return nil, &OpError{Op: "join multicast", Remote: netip.AddrPortFrom(group, 0), Err: errors.New("not a multicast address")}
+	}
+	if o.Mode != ModeCM {
+		return nil, &OpError{Op: "join multicast", Remote: netip.AddrPortFrom(group, 0),
+			Err: errors.New("multicast needs ModeCM: librdmacm attaches the QP to the group")}
+	}
+	id, err := newID(PortSpaceUDP)
+	if err != nil {
+		return nil, &OpError{Op: "join multicast", Remote: netip.AddrPortFrom(group, 0), Err: err}
+	}
+	e := &endpoint{op: "join multicast", o: &o, id: id, local: addrPort(o.Source), remote: netip.AddrPortFrom(group, 0)}
+	c, err := e.join(ctx, group)
+	if err != nil {
+		e.abort()
+		return nil, err
+	}
+	return c, nil
+}
+
+func (e *endpoint) join(ctx context.Context, group netip.Addr) (*Conn, error) {
+	if err := e.setOptions(); err != nil {
+		return nil, err
+	}
+	// Resolving the group binds the id to a local device, as mckey does.
+	o := *e.o
+	o.ResolveRetries = 0
+	e.o = &o
+	if err := e.id.resolveAddr(o.Source, e.remote, o.ResolveAddrTimeout); err != nil {
+		return nil, e.fail("resolve address", ErrAddrResolution, err)
+	}
+	ev, err := e.await(ctx, "resolve address", o.ResolveAddrTimeout)
+	if err != nil {
+		return nil, err
+	}
+	if ev.Type != EventAddrResolved {
+		return nil, e.failEvent("resolve address", ErrAddrResolution, ev)
+	}
+	if err := e.prepare(); err != nil {
+		return nil, err
+	}
+	if e.iwarp {
+		return nil, e.fail("join multicast", nil, errors.New("iWARP has no UD and no multicast"))
+	}
+	if err := e.id.joinMulticast(group); err != nil {
+		return nil, e.fail("join multicast", nil, err)
+	}
+	ev, err = e.await(ctx, "join multicast", o.ConnectTimeout)
+	if err != nil {
+		e.id.leaveMulticast(group)
+		return nil, err
+	}
+	if ev.Type != EventMulticastJoin {
+		e.id.leaveMulticast(group)
+		return nil, e.failEvent("join multicast", ErrConnect, ev)
+	}
+	ah, err := e.res.pd.CreateAH(ev.AH)
+	if err != nil {
+		e.id.leaveMulticast(group)
+		return nil, e.fail("create AH", nil, err)
+	}
+	e.res.ahs = append(e.res.ahs, ah)
+	c := e.conn(nil, ModeCM)
+	c.peer = UDPeer{AH: ah, QPN: ev.Param.QPNum, QKey: ev.QKey}
+	c.group = group
+	c.path.GIDIndex = int(ev.AH.GRH.SGIDIndex)
+	return c, nil
+}
