@@ -5,10 +5,10 @@ package rdmacm
 import (
 	"context"
 	"errors"
-	"syscall"
 	"net/netip"
 	"sync"
 	"sync/atomic"
+	"syscall"
 
 	"github.com/rdmago/rdmago/verbs"
 )
@@ -56,10 +56,13 @@ func Listen(address string, opts *Options) (*Listener, error) {
 		return fail(e.fail("listen", nil, err))
 	}
 	l := &Listener{opts: o, id: id, addr: id.localAddr(), reqs: make(chan *ConnRequest, o.Backlog), closed: make(chan struct{})}
-	if e.id.deviceName() != "" && o.Mode == ModeManual {
+	if e.id.deviceName() != "" {
+		// Bound to one device: refuse now what it cannot do.
 		if dev, err := id.device(); err == nil && dev.Info.Transport == verbs.TransportIWARP {
 			e.iwarp = true
-			return fail(e.checkMode())
+			if err := e.checkMode(); err != nil {
+				return fail(err)
+			}
 		}
 	}
 	id.setHandler(l.onEvent)

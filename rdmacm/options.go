@@ -103,8 +103,8 @@ const (
 	defaultRetries     = 2
 	defaultWR          = 16
 	defaultBacklog     = 128
-	// udpQKey is the qkey of every PS_UDP QP (librdmacm's RDMA_UDP_QKEY).
-	udpQKey = 0x11111111
+	// udpQKey is the qkey the kernel CM gives every PS_UDP QP (RDMA_UDP_QKEY).
+	udpQKey = 0x01234567
 )
 
 // withDefaults returns a copy with every zero field filled in.

@@ -159,7 +159,14 @@ func (e *endpoint) resolve(ctx context.Context, src netip.Addr) error {
 	}
 }
 
+// checkMode refuses what the device cannot do: iWARP has neither UD nor
+// user-driven QP transitions.
 func (e *endpoint) checkMode() error {
+	if e.o.QPType == verbs.QPTypeUD && e.iwarp {
+		oe := e.fail(e.op, nil, errors.New("iWARP devices have no UD QPs"))
+		oe.Hint = "use an RC connection, or a RoCE or InfiniBand device for UD"
+		return oe
+	}
 	if e.o.Mode == ModeManual && e.iwarp {
 		oe := e.fail(e.op, ErrManualOnIWARP, nil)
 		oe.Hint = "on iWARP the CM and the provider move the QP to RTS themselves (siw fails a user RTS with EINVAL); use ModeCM"

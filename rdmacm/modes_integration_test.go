@@ -1,0 +1,249 @@
+//go:build integration
+
+package rdmacm_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/rdmago/rdmago/rdmacm"
+	"github.com/rdmago/rdmago/verbs"
+)
+
+func TestManualMode(t *testing.T) {
+	checkNoLeaks(t)
+	d := rxe(t)
+	var mu sync.Mutex
+	var seen []verbs.Transition
+	opts := &rdmacm.Options{
+		Mode: rdmacm.ModeManual,
+		BeforeModify: func(tr verbs.Transition, attr *verbs.QPAttr, mask *verbs.AttrMask) error {
+			mu.Lock()
+			seen = append(seen, tr)
+			mu.Unlock()
+			if tr.To == verbs.QPStateRTS {
+				attr.Timeout = 17 // the hook's change must reach the QP
+			}
+			return nil
+		},
+	}
+	client, server := pair(t, d, opts)
+	exchange(t, client, server)
+	for _, c := range []*rdmacm.Conn{client, server} {
+		assert.Equal(t, rdmacm.ModeManual, c.Path().Mode)
+		a, err := c.QP.Query(verbs.AttrTimeout | verbs.AttrPathMTU)
+		require.NoError(t, err)
+		assert.Equal(t, verbs.ACKTimeout(17), a.Timeout)
+		assert.Equal(t, verbs.MTU1024, a.PathMTU)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	init := verbs.Transition{From: verbs.QPStateReset, To: verbs.QPStateInit}
+	rtr := verbs.Transition{From: verbs.QPStateInit, To: verbs.QPStateRTR}
+	rts := verbs.Transition{From: verbs.QPStateRTR, To: verbs.QPStateRTS}
+	assert.ElementsMatch(t, []verbs.Transition{init, rtr, rts, init, rtr, rts}, seen)
+}
+
+// The manual side negotiates the path MTU down to the smaller side's.
+func TestManualModeMTUIsTheSmallerSide(t *testing.T) {
+	checkNoLeaks(t)
+	opts := &rdmacm.Options{Mode: rdmacm.ModeManual, BeforeModify: func(tr verbs.Transition, attr *verbs.QPAttr, mask *verbs.AttrMask) error {
+		if *mask&verbs.AttrPathMTU != 0 && attr.PathMTU > verbs.MTU1024 {
+			return fmt.Errorf("path MTU %v above the active MTU", attr.PathMTU)
+		}
+		return nil
+	}}
+	client, server := pair(t, rxe(t), opts)
+	assert.Equal(t, verbs.MTU1024, client.Path().MTU)
+	assert.Equal(t, verbs.MTU1024, server.Path().MTU)
+}
+
+func TestManualHookErrorAbortsCleanly(t *testing.T) {
+	checkNoLeaks(t)
+	d := rxe(t)
+	addr := d.at(port())
+	ctx := ctxFor(t, 20*time.Second)
+	l, err := rdmacm.Listen(addr, nil)
+	require.NoError(t, err)
+	defer l.Close()
+	go func() {
+		if c, err := l.Accept(ctx); err == nil {
+			c.Close()
+		}
+	}()
+	refuse := &rdmacm.Options{Mode: rdmacm.ModeManual, BeforeModify: func(tr verbs.Transition, _ *verbs.QPAttr, _ *verbs.AttrMask) error {
+		if tr.To == verbs.QPStateRTR {
+			return fmt.Errorf("policy says no")
+		}
+		return nil
+	}}
+	_, err = rdmacm.Dial(ctx, addr, refuse)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "policy says no")
+	assert.Contains(t, err.Error(), "INIT→RTR")
+}
+
+func TestManualModeRefusedOnIWARP(t *testing.T) {
+	checkNoLeaks(t)
+	d := siw(t)
+	ctx := ctxFor(t, 20*time.Second)
+	addr := d.at(port())
+	l, err := rdmacm.Listen(addr, nil)
+	require.NoError(t, err)
+	defer l.Close()
+	start := time.Now()
+	_, err = rdmacm.Dial(ctx, addr, &rdmacm.Options{Mode: rdmacm.ModeManual})
+	require.ErrorIs(t, err, rdmacm.ErrManualOnIWARP)
+	assert.Contains(t, err.Error(), "siw0")
+	assert.Contains(t, err.Error(), "use ModeCM")
+	assert.Less(t, time.Since(start), 2*time.Second, "refused, not hung")
+
+	// A listener bound to an iWARP device refuses the manual mode up front.
+	_, err = rdmacm.Listen(d.at(port()), &rdmacm.Options{Mode: rdmacm.ModeManual})
+	assert.ErrorIs(t, err, rdmacm.ErrManualOnIWARP)
+}
+
+// UD over the UDP port space: the dialer learns the peer's QPN and qkey and
+// sends a datagram; the listener answers through the address handle built
+// from the datagram's GRH. Both CM-managed and manual.
+func TestUD(t *testing.T) {
+	for _, mode := range []rdmacm.Mode{rdmacm.ModeCM, rdmacm.ModeManual} {
+		t.Run(mode.String(), func(t *testing.T) {
+			checkNoLeaks(t)
+			ctx := ctxFor(t, 20*time.Second)
+			opts := &rdmacm.Options{QPType: verbs.QPTypeUD, Mode: mode, PrivateData: []byte("ud hello")}
+			client, server := pair(t, rxe(t), opts)
+			assert.Equal(t, []byte("ud hello"), server.PeerPrivateData())
+			peer := client.Peer()
+			assert.Equal(t, server.QP.QPN, peer.QPN)
+			assert.Equal(t, uint32(0x01234567), peer.QKey, "the kernel CM's qkey for RDMA_PS_UDP")
+
+			cmr, err := client.RegisterMemory(8192, access)
+			require.NoError(t, err)
+			smr, err := server.RegisterMemory(8192, access)
+			require.NoError(t, err)
+			require.NoError(t, server.PostRecv(smr, 0, verbs.GRHSize+1024))
+			require.NoError(t, client.PostRecv(cmr, 4096, verbs.GRHSize+1024))
+			copy(cmr.Bytes(), "ping over UD")
+			require.NoError(t, client.SendTo(ctx, cmr, 0, 12, peer))
+			wc, err := server.Recv(ctx)
+			require.NoError(t, err)
+			assert.Equal(t, uint32(verbs.GRHSize+12), wc.ByteLen)
+			assert.Equal(t, "ping over UD", string(smr.Bytes()[verbs.GRHSize:verbs.GRHSize+12]))
+			assert.Equal(t, client.QP.QPN, wc.SrcQP)
+
+			back, err := server.ReplyTo(wc, smr, 0)
+			require.NoError(t, err)
+			copy(smr.Bytes()[2048:], "pong")
+			require.NoError(t, server.SendTo(ctx, smr, 2048, 4, back))
+			_, err = client.Recv(ctx)
+			require.NoError(t, err)
+			assert.Equal(t, "pong", string(cmr.Bytes()[4096+verbs.GRHSize:4096+verbs.GRHSize+4]))
+		})
+	}
+}
+
+func TestUDRefusedOnIWARP(t *testing.T) {
+	checkNoLeaks(t)
+	d := siw(t)
+	_, err := rdmacm.Listen(d.at(port()), &rdmacm.Options{QPType: verbs.QPTypeUD})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "no UD")
+	_, err = rdmacm.Dial(ctxFor(t, 10*time.Second), d.at(port()), &rdmacm.Options{QPType: verbs.QPTypeUD})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "no UD")
+}
+
+func TestMulticast(t *testing.T) {
+	checkNoLeaks(t)
+	ctx := ctxFor(t, 20*time.Second)
+	d := rxe(t)
+	group := mustAddr("239.1.2.3")
+	opts := &rdmacm.Options{Source: mustAddr(d.addr)}
+	a, err := rdmacm.JoinMulticast(ctx, group, opts)
+	require.NoError(t, err)
+	defer a.Close()
+	b, err := rdmacm.JoinMulticast(ctx, group, opts)
+	require.NoError(t, err)
+	defer b.Close()
+	assert.Equal(t, d.name, a.Path().Device)
+
+	amr, err := a.RegisterMemory(4096, access)
+	require.NoError(t, err)
+	bmr, err := b.RegisterMemory(4096, access)
+	require.NoError(t, err)
+	require.NoError(t, b.PostRecv(bmr, 0, verbs.GRHSize+256))
+	copy(amr.Bytes(), "to everyone")
+	require.NoError(t, a.SendTo(ctx, amr, 0, 11, a.Peer()))
+	wc, err := b.Recv(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, "to everyone", string(bmr.Bytes()[verbs.GRHSize:verbs.GRHSize+11]))
+	assert.Equal(t, a.QP.QPN, wc.SrcQP)
+
+	_, err = rdmacm.JoinMulticast(ctx, mustAddr("10.1.1.1"), opts)
+	assert.ErrorContains(t, err, "not a multicast address")
+}
+
+// A peer process killed with SIGKILL: the kernel tears its connection down
+// and the survivor hears DISCONNECTED (Done, ErrDisconnected), then its
+// receives flush; Close still works.
+func TestPeerKilled(t *testing.T) {
+	forEachDevice(t, func(t *testing.T, d device) {
+		checkNoLeaks(t)
+		ctx := ctxFor(t, 30*time.Second)
+		addr := d.at(port())
+		l, err := rdmacm.Listen(addr, nil)
+		require.NoError(t, err)
+		defer l.Close()
+		peer := exec.Command(os.Args[0], "-test.run=^$")
+		peer.Env = append(os.Environ(), "RDMACM_TEST_DIAL="+addr)
+		var out strings.Builder
+		peer.Stdout, peer.Stderr = &out, &out
+		require.NoError(t, peer.Start())
+		c, err := l.Accept(ctx)
+		require.NoError(t, err, "peer output: %s", out.String())
+		defer c.Close()
+		mr, err := c.RegisterMemory(4096, access)
+		require.NoError(t, err)
+		require.NoError(t, c.PostRecv(mr, 0, 4096))
+
+		require.NoError(t, peer.Process.Signal(syscall.SIGKILL))
+		peer.Wait()
+		select {
+		case <-c.Done():
+			assert.ErrorIs(t, c.Err(), rdmacm.ErrDisconnected)
+			t.Log(c.Err())
+		case <-time.After(20 * time.Second):
+			t.Fatal("the survivor never learned that its peer died")
+		}
+		_, err = c.Recv(ctx)
+		require.Error(t, err, "the posted receive flushes")
+		assert.ErrorIs(t, err, rdmacm.ErrDisconnected)
+		var ce *rdmacm.CompletionError
+		require.ErrorAs(t, err, &ce)
+		assert.Equal(t, verbs.WCWRFlushErr, ce.Status)
+	})
+}
+
+// peerMain is the killed peer of TestPeerKilled: it dials and waits.
+func peerMain(addr string) {
+	c, err := rdmacm.Dial(context.Background(), addr, nil)
+	if err != nil {
+		fmt.Println("dial:", err)
+		os.Exit(1)
+	}
+	<-c.Done()
+}
+
+var _ = bytes.Equal
