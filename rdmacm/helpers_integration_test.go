@@ -181,3 +181,7 @@ func run(t *testing.T, args ...string) {
 }
 
 func mustAddr(s string) netip.Addr { return netip.MustParseAddr(s) }
+
+func verbsCap(wr uint32) verbs.QPCap {
+	return verbs.QPCap{MaxSendWR: wr, MaxRecvWR: wr, MaxSendSGE: 1, MaxRecvSGE: 1}
+}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"strings"
 	"syscall"
 	"time"
 
@@ -200,24 +201,19 @@ func (e *endpoint) prepare() error {
 		sn, rn = o.CQEntries, o.CQEntries
 	}
 	if e.res.scq, err = dev.CreateCQ(sn); err != nil {
-		return e.fail("create CQ", nil, err)
+		return e.resourceError("create CQ", err)
 	}
 	if e.res.rcq, err = dev.CreateCQ(rn); err != nil {
-		return e.fail("create CQ", nil, err)
+		return e.resourceError("create CQ", err)
 	}
 	if o.Mode == ModeCM {
 		if e.res.qp, err = e.id.createQP(e.res.pd, e.res.scq, e.res.rcq, o.QPType, o.Cap); err != nil {
-			oe := e.fail("rdma_create_qp", nil, err)
-			oe.Hint = fmt.Sprintf("%v QP with %+v", o.QPType, o.Cap)
-			if errors.Is(err, syscall.ENOMEM) || errors.Is(err, syscall.ENOSPC) {
-				oe.Hint += ": the device or the locked-memory limit (ulimit -l) ran out of room for another QP"
-			}
-			return oe
+			return e.resourceError(fmt.Sprintf("rdma_create_qp %v %+v", o.QPType, o.Cap), err)
 		}
 		return nil
 	}
 	if e.res.qp, err = e.res.pd.CreateQP(verbs.QPInit{Type: o.QPType, SendCQ: e.res.scq, RecvCQ: e.res.rcq, Cap: o.Cap}); err != nil {
-		return e.fail("create QP", nil, err)
+		return e.resourceError("create QP", err)
 	}
 	if err := e.move(verbs.QPStateInit, 0); err != nil {
 		return err
@@ -232,6 +228,20 @@ func (e *endpoint) prepare() error {
 		}
 	}
 	return nil
+}
+
+// resourceError explains a failed CQ or QP creation where the cause is known.
+func (e *endpoint) resourceError(step string, err error) error {
+	oe := e.fail(step, nil, err)
+	switch {
+	case e.iwarp && errors.Is(err, syscall.EIO) && strings.HasPrefix(e.res.dev.Info.Name, "siw"):
+		oe.Hint = "siw: this process's device context has used up its queue mappings: rdma-core 44's libsiw " +
+			"takes the kernel's mmap offset 0x90000 for SIW_INVAL_UOBJ_KEY, so about 143 pages of CQs and " +
+			"QP queues (some 35 connection ends with two CQs each) fit in one process"
+	case errors.Is(err, syscall.ENOMEM) || errors.Is(err, syscall.ENOSPC):
+		oe.Hint = "the device, or the locked-memory limit (ulimit -l), has no room for another queue"
+	}
+	return oe
 }
 
 // move takes a manual QP to state with the CM's attributes for it, after
