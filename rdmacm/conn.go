@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"sync"
 	"sync/atomic"
@@ -62,8 +63,11 @@ type Conn struct {
 	group    netip.Addr // multicast: the group joined
 	opts     Options
 
-	id  *cmID
+	id  *cmID // nil for ConnectOverTCP
 	res *resources
+	// ConnectOverTCP: the socket the QP data crossed, kept as liveness signal.
+	tcp     net.Conn
+	tcpDone chan struct{}
 
 	done     chan struct{}
 	doneOnce sync.Once
@@ -147,7 +151,10 @@ func (c *Conn) opError(op string, kind, err error) *OpError {
 // and the CM id, in that order.
 func (c *Conn) Close() error {
 	c.closeOnce.Do(func() {
-		if c.QP.Type != verbs.QPTypeUD {
+		if c.tcp != nil {
+			c.tcp.Close()
+			<-c.tcpDone
+		} else if c.QP.Type != verbs.QPTypeUD {
 			select {
 			case <-c.done:
 			default:
@@ -170,7 +177,9 @@ func (c *Conn) Close() error {
 		c.mrs = nil
 		c.mrMu.Unlock()
 		c.closeErr = c.res.close()
-		c.id.close()
+		if c.id != nil {
+			c.id.close()
+		}
 	})
 	return c.closeErr
 }

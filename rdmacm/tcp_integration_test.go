@@ -1,0 +1,118 @@
+//go:build integration
+
+package rdmacm_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/rdmago/rdmago/rdmacm"
+	"github.com/rdmago/rdmago/verbs"
+)
+
+// tcpPair returns both ends of a TCP connection to d's address.
+func tcpPair(t *testing.T, d device) (client, server net.Conn) {
+	ln, err := net.Listen("tcp", d.at(0))
+	require.NoError(t, err)
+	defer ln.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, _ := ln.Accept()
+		accepted <- c
+	}()
+	client, err = net.Dial("tcp", ln.Addr().String())
+	require.NoError(t, err)
+	server = <-accepted
+	require.NotNil(t, server)
+	return client, server
+}
+
+func TestConnectOverTCP(t *testing.T) {
+	checkNoLeaks(t)
+	ctx := ctxFor(t, 20*time.Second)
+	a, b := tcpPair(t, rxe(t))
+	type result struct {
+		c   *rdmacm.Conn
+		err error
+	}
+	served := make(chan result, 1)
+	go func() {
+		c, err := rdmacm.ConnectOverTCP(ctx, b, nil)
+		served <- result{c, err}
+	}()
+	client, err := rdmacm.ConnectOverTCP(ctx, a, nil)
+	require.NoError(t, err)
+	r := <-served
+	require.NoError(t, r.err)
+	server := r.c
+	defer server.Close()
+
+	exchange(t, client, server)
+	p := client.Path()
+	assert.Equal(t, "rxe0", p.Device)
+	assert.Equal(t, verbs.MTU1024, p.MTU)
+	assert.GreaterOrEqual(t, p.GIDIndex, 0)
+	assert.Equal(t, verbs.QPStateRTS, client.QP.State())
+
+	// Closing one end is the other's disconnect.
+	require.NoError(t, client.Close())
+	select {
+	case <-server.Done():
+		assert.ErrorIs(t, server.Err(), rdmacm.ErrDisconnected)
+	case <-time.After(5 * time.Second):
+		t.Fatal("the peer's close went unnoticed")
+	}
+}
+
+// The peer here is this test speaking the exchange by hand, announcing
+// what a misconfigured host would.
+func TestConnectOverTCPRefusesMismatches(t *testing.T) {
+	for _, tc := range []struct {
+		name, field string
+		value       any
+		want        string
+	}{
+		{"GID type", "gid_type", int(verbs.GIDTypeRoCEv1), "GID types differ"},
+		{"address family", "family", "IPv6", "address families differ"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			checkNoLeaks(t)
+			ctx := ctxFor(t, 20*time.Second)
+			a, b := tcpPair(t, rxe(t))
+			defer b.Close()
+			go func() {
+				r := bufio.NewReader(b)
+				line, err := r.ReadBytes('\n')
+				if err != nil {
+					return
+				}
+				var announced map[string]any
+				json.Unmarshal(line, &announced)
+				announced[tc.field] = tc.value
+				out, _ := json.Marshal(announced)
+				b.Write(append(out, '\n'))
+			}()
+			_, err := rdmacm.ConnectOverTCP(ctx, a, nil)
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tc.want)
+			a.Close()
+		})
+	}
+}
+
+func TestConnectOverTCPRefusedOnIWARP(t *testing.T) {
+	checkNoLeaks(t)
+	a, b := tcpPair(t, siw(t))
+	defer a.Close()
+	defer b.Close()
+	_, err := rdmacm.ConnectOverTCP(context.Background(), a, nil)
+	assert.ErrorIs(t, err, rdmacm.ErrManualOnIWARP)
+	assert.Contains(t, err.Error(), "siw0")
+}
