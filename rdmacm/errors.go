@@ -187,3 +187,12 @@ func hintFor(ev EventType, status int) string {
 	}
 	return ""
 }
+
+// deterministic ADDR_ERROR and ROUTE_ERROR statuses, which a retry cannot change.
+func retryable(status int) bool {
+	switch -status {
+	case int(syscall.ENODEV), int(syscall.ENETUNREACH), int(syscall.EHOSTUNREACH), int(syscall.EADDRNOTAVAIL), int(syscall.EINVAL):
+		return false
+	}
+	return true
+}

@@ -104,15 +104,6 @@ func intOpt(v int32) []byte {
 	return []byte{byte(v), byte(v >> 8), byte(v >> 16), byte(v >> 24)} // host order (little-endian on every Linux RDMA platform we build for)
 }
 
-// deterministic ADDR_ERROR and ROUTE_ERROR statuses, which a retry cannot change.
-func retryable(status int) bool {
-	switch -status {
-	case int(syscall.ENODEV), int(syscall.ENETUNREACH), int(syscall.EHOSTUNREACH), int(syscall.EADDRNOTAVAIL), int(syscall.EINVAL):
-		return false
-	}
-	return true
-}
-
 // resolve runs address and route resolution with bounded retries.
 func (e *endpoint) resolve(ctx context.Context, src netip.Addr) error {
 	o := e.o

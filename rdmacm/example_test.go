@@ -1,0 +1,84 @@
+//go:build linux && cgo
+
+package rdmacm_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log"
+	"time"
+
+	"github.com/rdmago/rdmago/rdmacm"
+	"github.com/rdmago/rdmago/verbs"
+)
+
+// A server accepts one connection and receives a message; the client dials
+// it with private data and sends. Run both halves in separate processes (or
+// goroutines) on hosts with RDMA devices.
+func Example() {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	// Server.
+	l, err := rdmacm.Listen("10.10.0.1:7471", nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		req, err := l.Request(ctx)
+		if err != nil {
+			log.Fatal(err)
+		}
+		fmt.Printf("request from %v: %q\n", req.Remote, req.PrivateData)
+		conn, err := req.Accept(ctx, []byte("welcome"))
+		if err != nil {
+			log.Fatal(err)
+		}
+		defer conn.Close()
+		mr, _ := conn.RegisterMemory(4096, verbs.AccessLocalWrite)
+		conn.PostRecv(mr, 0, 4096) // before the peer sends
+		wc, err := conn.Recv(ctx)
+		if err != nil {
+			log.Fatal(err)
+		}
+		fmt.Printf("received %q\n", mr.Bytes()[:wc.ByteLen])
+	}()
+
+	// Client.
+	conn, err := rdmacm.Dial(ctx, "10.10.0.1:7471", &rdmacm.Options{PrivateData: []byte("hello")})
+	var rejected *rdmacm.RejectedError
+	switch {
+	case errors.As(err, &rejected):
+		log.Fatalf("refused (status %d): %s", rejected.Status, rejected.PrivateData)
+	case err != nil:
+		log.Fatal(err) // says which step failed, between which addresses, on which device
+	}
+	defer conn.Close()
+	fmt.Println("connected:", conn.Path(), "server said", string(conn.PeerPrivateData()))
+	mr, _ := conn.RegisterMemory(4096, verbs.AccessLocalWrite)
+	n := copy(mr.Bytes(), "ping")
+	if err := conn.Send(ctx, mr, 0, n); err != nil {
+		log.Fatal(err)
+	}
+}
+
+// ModeManual moves the QP in rdmago, showing each transition's attributes
+// first; here it lowers the ACK timeout.
+func ExampleOptions_manual() {
+	opts := &rdmacm.Options{
+		Mode: rdmacm.ModeManual,
+		BeforeModify: func(t verbs.Transition, attr *verbs.QPAttr, mask *verbs.AttrMask) error {
+			if t.To == verbs.QPStateRTS {
+				attr.Timeout = 12 // about 17 ms
+			}
+			return nil
+		},
+	}
+	conn, err := rdmacm.Dial(context.Background(), "10.10.0.1:7471", opts)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer conn.Close()
+}

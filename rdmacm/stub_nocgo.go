@@ -1,0 +1,34 @@
+//go:build !(linux && cgo)
+
+package rdmacm
+
+import (
+	"context"
+	"net"
+)
+
+// Without cgo (or off Linux) there is no librdmacm: the types exist so that
+// code builds, and every constructor returns ErrNoCgo.
+
+// Conn is an RDMA connection; see the cgo build.
+type Conn struct{}
+
+// Close does nothing without cgo.
+func (c *Conn) Close() error { return nil }
+
+// Listener takes connect requests; see the cgo build.
+type Listener struct{}
+
+// Close does nothing without cgo.
+func (l *Listener) Close() error { return nil }
+
+// Dial returns ErrNoCgo without cgo.
+func Dial(ctx context.Context, address string, opts *Options) (*Conn, error) { return nil, ErrNoCgo }
+
+// Listen returns ErrNoCgo without cgo.
+func Listen(address string, opts *Options) (*Listener, error) { return nil, ErrNoCgo }
+
+// ConnectOverTCP returns ErrNoCgo without cgo.
+func ConnectOverTCP(ctx context.Context, tcp net.Conn, opts *Options) (*Conn, error) {
+	return nil, ErrNoCgo
+}
