@@ -130,6 +130,9 @@ func (c *Conn) end(kind error, ev *event) {
 	})
 }
 
+// onEvent handles the events of an established connection. ESTABLISHED
+// repeats and TIMEWAIT_EXIT (the QP may be reused) need nothing: the
+// dispatcher has acked them already.
 func (c *Conn) onEvent(ev *event) {
 	switch ev.Type {
 	case EventDisconnected:
