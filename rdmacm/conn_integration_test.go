@@ -79,3 +79,18 @@ func TestDialAccept(t *testing.T) {
 		assert.Equal(t, client.RemoteAddr(), server.LocalAddr())
 	})
 }
+
+// Options that end up in the QP: ToS as the GRH traffic class, the ACK
+// timeout, and the RNR retry count the dialer asked for.
+func TestOptionsReachTheQP(t *testing.T) {
+	checkNoLeaks(t)
+	rnr := uint8(3)
+	client, server := pair(t, rxe(t), &rdmacm.Options{TOS: 32, ACKTimeout: 16, RNRRetryCount: &rnr})
+	a, err := client.QP.Query(verbs.AttrAV | verbs.AttrTimeout | verbs.AttrRNRRetry)
+	require.NoError(t, err)
+	assert.Equal(t, uint8(32), a.AH.GRH.TrafficClass, "RDMA_OPTION_ID_TOS")
+	assert.Equal(t, verbs.ACKTimeout(16), a.Timeout, "RDMA_OPTION_ID_ACK_TIMEOUT")
+	s, err := server.QP.Query(verbs.AttrRNRRetry)
+	require.NoError(t, err)
+	assert.Equal(t, uint8(3), s.RNRRetry, "the server retries RNR as often as the dialer asked")
+}
