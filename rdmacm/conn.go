@@ -155,8 +155,11 @@ func (c *Conn) opError(op string, kind, err error) *OpError {
 func (c *Conn) Close() error {
 	c.closeOnce.Do(func() {
 		if c.tcp != nil {
+			c.end(ErrClosed, nil) // before the watcher sees its own close as the peer's
 			c.tcp.Close()
-			<-c.tcpDone
+			if c.tcpDone != nil { // nil when the watcher never started
+				<-c.tcpDone
+			}
 		} else if c.QP.Type != verbs.QPTypeUD {
 			select {
 			case <-c.done:

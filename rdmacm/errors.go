@@ -53,7 +53,7 @@ func (e *OpError) Error() string {
 	var b strings.Builder
 	b.WriteString("rdmacm: ")
 	b.WriteString(e.Op)
-	if e.Local.IsValid() && e.Local.Addr().IsValid() && !e.Local.Addr().IsUnspecified() || e.Local.Port() != 0 {
+	if e.Local.IsValid() && (!e.Local.Addr().IsUnspecified() || e.Local.Port() != 0) {
 		fmt.Fprintf(&b, " %v", e.Local)
 	}
 	if e.Remote.IsValid() {

@@ -23,10 +23,7 @@ func TestPrivateDataBothWays(t *testing.T) {
 		ctx := ctxFor(t, 20*time.Second)
 		connectData := bytes.Repeat([]byte{0xc1}, 52) // 56 on the wire less our header
 		acceptData := bytes.Repeat([]byte{0xa2}, 192) // 196 less the header
-		addr := d.at(port())
-		l, err := rdmacm.Listen(addr, nil)
-		require.NoError(t, err)
-		defer l.Close()
+		l, addr := listen(t, d, nil)
 		served := make(chan *rdmacm.Conn, 1)
 		go func() {
 			defer close(served)
@@ -65,10 +62,7 @@ func TestOversizePrivateDataRefusedBeforeTheWire(t *testing.T) {
 	assert.Contains(t, err.Error(), "at most 56")
 
 	// Accept with too much: refused locally, and the dialer is rejected.
-	addr := d.at(port())
-	l, err := rdmacm.Listen(addr, nil)
-	require.NoError(t, err)
-	defer l.Close()
+	l, addr := listen(t, d, nil)
 	go func() {
 		r, err := l.Request(ctx)
 		if assert.NoError(t, err) {
@@ -84,10 +78,7 @@ func TestRejectWithPrivateData(t *testing.T) {
 	forEachDevice(t, func(t *testing.T, d device) {
 		checkNoLeaks(t)
 		ctx := ctxFor(t, 20*time.Second)
-		addr := d.at(port())
-		l, err := rdmacm.Listen(addr, nil)
-		require.NoError(t, err)
-		defer l.Close()
+		l, addr := listen(t, d, nil)
 		reason := []byte("server full, try 10.0.0.9")
 		go func() {
 			r, err := l.Request(ctx)
@@ -96,7 +87,7 @@ func TestRejectWithPrivateData(t *testing.T) {
 			}
 		}()
 		start := time.Now()
-		_, err = rdmacm.Dial(ctx, addr, nil)
+		_, err := rdmacm.Dial(ctx, addr, nil)
 		require.ErrorIs(t, err, rdmacm.ErrRejected)
 		var rej *rdmacm.RejectedError
 		require.ErrorAs(t, err, &rej)
@@ -197,14 +188,11 @@ func TestCancelDuringResolve(t *testing.T) {
 func TestCancelDuringConnect(t *testing.T) {
 	forEachDevice(t, func(t *testing.T, d device) {
 		checkNoLeaks(t)
-		addr := d.at(port())
-		l, err := rdmacm.Listen(addr, nil)
-		require.NoError(t, err)
-		defer l.Close()
+		_, addr := listen(t, d, nil)
 		ctx, cancel := context.WithCancel(context.Background())
 		time.AfterFunc(300*time.Millisecond, cancel)
 		start := time.Now()
-		_, err = rdmacm.Dial(ctx, addr, &rdmacm.Options{ConnectTimeout: 10 * time.Second})
+		_, err := rdmacm.Dial(ctx, addr, &rdmacm.Options{ConnectTimeout: 10 * time.Second})
 		assert.ErrorIs(t, err, context.Canceled)
 		assert.Less(t, time.Since(start), time.Second)
 		var oe *rdmacm.OpError
@@ -216,12 +204,9 @@ func TestCancelDuringConnect(t *testing.T) {
 func TestConnectTimeout(t *testing.T) {
 	forEachDevice(t, func(t *testing.T, d device) {
 		checkNoLeaks(t)
-		addr := d.at(port())
-		l, err := rdmacm.Listen(addr, nil)
-		require.NoError(t, err)
-		defer l.Close()
+		_, addr := listen(t, d, nil)
 		start := time.Now()
-		_, err = rdmacm.Dial(ctxFor(t, 20*time.Second), addr, &rdmacm.Options{ConnectTimeout: 500 * time.Millisecond})
+		_, err := rdmacm.Dial(ctxFor(t, 20*time.Second), addr, &rdmacm.Options{ConnectTimeout: 500 * time.Millisecond})
 		require.ErrorIs(t, err, rdmacm.ErrTimeout)
 		assert.Less(t, time.Since(start), 2*time.Second)
 	})
@@ -262,10 +247,7 @@ func TestCancelDuringAccept(t *testing.T) {
 func TestAcceptWhenDialerGivesUp(t *testing.T) {
 	forEachDevice(t, func(t *testing.T, d device) {
 		checkNoLeaks(t)
-		addr := d.at(port())
-		l, err := rdmacm.Listen(addr, &rdmacm.Options{ConnectTimeout: 3 * time.Second})
-		require.NoError(t, err)
-		defer l.Close()
+		l, addr := listen(t, d, &rdmacm.Options{ConnectTimeout: 3 * time.Second})
 		dialCtx, cancel := context.WithCancel(context.Background())
 		dialed := make(chan error, 1)
 		go func() {
@@ -297,11 +279,8 @@ func TestAcceptWhenDialerGivesUp(t *testing.T) {
 func TestDoubleUseOfRequest(t *testing.T) {
 	checkNoLeaks(t)
 	d := rxe(t)
-	addr := d.at(port())
+	l, addr := listen(t, d, nil)
 	ctx := ctxFor(t, 10*time.Second)
-	l, err := rdmacm.Listen(addr, nil)
-	require.NoError(t, err)
-	defer l.Close()
 	go func() {
 		r, err := l.Request(ctx)
 		if assert.NoError(t, err) {
@@ -311,6 +290,6 @@ func TestDoubleUseOfRequest(t *testing.T) {
 			assert.ErrorIs(t, err, rdmacm.ErrClosed)
 		}
 	}()
-	_, err = rdmacm.Dial(ctx, addr, nil)
+	_, err := rdmacm.Dial(ctx, addr, nil)
 	assert.True(t, errors.Is(err, rdmacm.ErrRejected), "%v", err)
 }

@@ -148,10 +148,7 @@ func ctxFor(t *testing.T, d time.Duration) context.Context {
 func pair(t *testing.T, d device, opts *rdmacm.Options) (client, server *rdmacm.Conn) {
 	t.Helper()
 	ctx := ctxFor(t, 20*time.Second)
-	addr := d.at(port())
-	l, err := rdmacm.Listen(addr, opts)
-	require.NoError(t, err)
-	defer l.Close()
+	l, addr := listen(t, d, opts)
 	type result struct {
 		c   *rdmacm.Conn
 		err error
@@ -161,7 +158,7 @@ func pair(t *testing.T, d device, opts *rdmacm.Options) (client, server *rdmacm.
 		c, err := l.Accept(ctx)
 		accepted <- result{c, err}
 	}()
-	client, err = rdmacm.Dial(ctx, addr, opts)
+	client, err := rdmacm.Dial(ctx, addr, opts)
 	require.NoError(t, err)
 	r := <-accepted
 	require.NoError(t, r.err)
@@ -184,4 +181,14 @@ func mustAddr(s string) netip.Addr { return netip.MustParseAddr(s) }
 
 func verbsCap(wr uint32) verbs.QPCap {
 	return verbs.QPCap{MaxSendWR: wr, MaxRecvWR: wr, MaxSendSGE: 1, MaxRecvSGE: 1}
+}
+
+// listen listens on a fresh port of d until the test ends.
+func listen(t *testing.T, d device, opts *rdmacm.Options) (*rdmacm.Listener, string) {
+	t.Helper()
+	addr := d.at(port())
+	l, err := rdmacm.Listen(addr, opts)
+	require.NoError(t, err)
+	t.Cleanup(func() { l.Close() })
+	return l, addr
 }

@@ -40,10 +40,7 @@ func manyConnections(t *testing.T, d device, n int) (failed int, failures []erro
 	ctx := ctxFor(t, 120*time.Second)
 	opts := &rdmacm.Options{ConnectTimeout: 30 * time.Second, ResolveAddrTimeout: 10 * time.Second,
 		ResolveRouteTimeout: 10 * time.Second, Backlog: n, Cap: verbsCap(4)}
-	addr := d.at(port())
-	l, err := rdmacm.Listen(addr, opts)
-	require.NoError(t, err)
-	defer l.Close()
+	l, addr := listen(t, d, opts)
 
 	var mu sync.Mutex
 	var servers []*rdmacm.Conn

@@ -72,11 +72,8 @@ func TestManualModeMTUIsTheSmallerSide(t *testing.T) {
 func TestManualHookErrorAbortsCleanly(t *testing.T) {
 	checkNoLeaks(t)
 	d := rxe(t)
-	addr := d.at(port())
+	l, addr := listen(t, d, nil)
 	ctx := ctxFor(t, 20*time.Second)
-	l, err := rdmacm.Listen(addr, nil)
-	require.NoError(t, err)
-	defer l.Close()
 	go func() {
 		if c, err := l.Accept(ctx); err == nil {
 			c.Close()
@@ -88,7 +85,7 @@ func TestManualHookErrorAbortsCleanly(t *testing.T) {
 		}
 		return nil
 	}}
-	_, err = rdmacm.Dial(ctx, addr, refuse)
+	_, err := rdmacm.Dial(ctx, addr, refuse)
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "policy says no")
 	assert.Contains(t, err.Error(), "INIT→RTR")
@@ -98,12 +95,9 @@ func TestManualModeRefusedOnIWARP(t *testing.T) {
 	checkNoLeaks(t)
 	d := siw(t)
 	ctx := ctxFor(t, 20*time.Second)
-	addr := d.at(port())
-	l, err := rdmacm.Listen(addr, nil)
-	require.NoError(t, err)
-	defer l.Close()
+	_, addr := listen(t, d, nil)
 	start := time.Now()
-	_, err = rdmacm.Dial(ctx, addr, &rdmacm.Options{Mode: rdmacm.ModeManual})
+	_, err := rdmacm.Dial(ctx, addr, &rdmacm.Options{Mode: rdmacm.ModeManual})
 	require.ErrorIs(t, err, rdmacm.ErrManualOnIWARP)
 	assert.Contains(t, err.Error(), "siw0")
 	assert.Contains(t, err.Error(), "use ModeCM")
@@ -202,10 +196,7 @@ func TestPeerKilled(t *testing.T) {
 	forEachDevice(t, func(t *testing.T, d device) {
 		checkNoLeaks(t)
 		ctx := ctxFor(t, 30*time.Second)
-		addr := d.at(port())
-		l, err := rdmacm.Listen(addr, nil)
-		require.NoError(t, err)
-		defer l.Close()
+		l, addr := listen(t, d, nil)
 		peer := exec.Command(os.Args[0], "-test.run=^$")
 		peer.Env = append(os.Environ(), "RDMACM_TEST_DIAL="+addr)
 		var out strings.Builder

@@ -4,6 +4,7 @@ package rdmacm
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -100,8 +101,9 @@ func (e *endpoint) setOptions() error {
 	return nil
 }
 
+// intOpt encodes an int option as librdmacm reads it, in host order.
 func intOpt(v int32) []byte {
-	return []byte{byte(v), byte(v >> 8), byte(v >> 16), byte(v >> 24)} // host order (little-endian on every Linux RDMA platform we build for)
+	return binary.NativeEndian.AppendUint32(nil, uint32(v))
 }
 
 // resolve runs address and route resolution with bounded retries.

@@ -62,7 +62,7 @@ func ConnectOverTCP(ctx context.Context, tcp net.Conn, opts *Options) (*Conn, er
 		return nil, oe
 	}
 	var res resources
-	c, err := connectOverTCP(ctx, tcp, &o, path, &res, local, remote)
+	c, r, err := connectOverTCP(ctx, tcp, &o, path, &res, local, remote)
 	if err != nil {
 		res.close()
 		var oe *OpError
@@ -71,7 +71,13 @@ func ConnectOverTCP(ctx context.Context, tcp net.Conn, opts *Options) (*Conn, er
 		}
 		return nil, err
 	}
+	if !stop() { // ctx ended just now: its past deadline may be on the socket
+		c.tcpDone = nil
+		c.Close()
+		return nil, fail("exchange", ctx.Err())
+	}
 	tcp.SetDeadline(time.Time{})
+	go c.watchTCP(r)
 	return c, nil
 }
 
@@ -87,29 +93,29 @@ type tcpPeer struct {
 }
 
 func connectOverTCP(ctx context.Context, tcp net.Conn, o *Options, path *resolver.Path, res *resources,
-	local, remote netip.AddrPort) (*Conn, error) {
+	local, remote netip.AddrPort) (*Conn, *bufio.Reader, error) {
 	where := func(step string, err error) *OpError {
 		return &OpError{Op: "connect over TCP: " + step, Local: local, Remote: remote, Device: path.Device, Port: path.Port, Err: err}
 	}
 	var err error
 	if res.dev, err = verbs.Open(path.Device); err != nil {
-		return nil, where("open device", err)
+		return nil, nil, where("open device", err)
 	}
 	port, err := res.dev.QueryPort(path.Port)
 	if err != nil {
-		return nil, where("query port", err)
+		return nil, nil, where("query port", err)
 	}
 	if res.pd, err = res.dev.AllocPD(); err != nil {
-		return nil, where("allocate PD", err)
+		return nil, nil, where("allocate PD", err)
 	}
 	if res.scq, err = res.dev.CreateCQ(int(o.Cap.MaxSendWR)); err != nil {
-		return nil, where("create CQ", err)
+		return nil, nil, where("create CQ", err)
 	}
 	if res.rcq, err = res.dev.CreateCQ(int(o.Cap.MaxRecvWR)); err != nil {
-		return nil, where("create CQ", err)
+		return nil, nil, where("create CQ", err)
 	}
 	if res.qp, err = res.pd.CreateQP(verbs.QPInit{Type: verbs.QPTypeRC, SendCQ: res.scq, RecvCQ: res.rcq, Cap: o.Cap}); err != nil {
-		return nil, where("create QP", err)
+		return nil, nil, where("create QP", err)
 	}
 	var psnBytes [4]byte
 	rand.Read(psnBytes[:])
@@ -119,17 +125,17 @@ func connectOverTCP(ctx context.Context, tcp net.Conn, o *Options, path *resolve
 	r := bufio.NewReader(tcp)
 	var peer tcpPeer
 	if err := sayHear(tcp, r, me, &peer); err != nil {
-		return nil, where("exchange QP data", err)
+		return nil, nil, where("exchange QP data", err)
 	}
 	if peer.GIDType != me.GIDType {
 		oe := where("check peer", fmt.Errorf("GID types differ: %v here, %v at the peer", me.GIDType, peer.GIDType))
 		oe.Hint = "both ends must use the same RoCE version; set resolver's RoCE option or the ports' default_roce_mode"
-		return nil, oe
+		return nil, nil, oe
 	}
 	if peer.Family != me.Family {
 		oe := where("check peer", fmt.Errorf("address families differ: %s here, %s at the peer", me.Family, peer.Family))
 		oe.Hint = "connect the TCP socket over the same family on both sides (its addresses pick the GIDs)"
-		return nil, oe
+		return nil, nil, oe
 	}
 	cp := verbs.ConnParams{Type: verbs.QPTypeRC, Port: uint8(path.Port),
 		Access: verbs.AccessLocalWrite | verbs.AccessRemoteWrite | verbs.AccessRemoteRead | verbs.AccessRemoteAtomic,
@@ -148,22 +154,22 @@ func connectOverTCP(ctx context.Context, tcp net.Conn, o *Options, path *resolve
 	cp.Path.MTU = mtu
 	steps, err := cp.Steps()
 	if err != nil {
-		return nil, where("QP attributes", err)
+		return nil, nil, where("QP attributes", err)
 	}
 	for _, s := range steps {
 		if o.BeforeModify != nil {
 			if err := o.BeforeModify(s.Transition, &s.Attr, &s.Mask); err != nil {
-				return nil, where("modify QP "+s.Transition.String(), fmt.Errorf("BeforeModify: %w", err))
+				return nil, nil, where("modify QP "+s.Transition.String(), fmt.Errorf("BeforeModify: %w", err))
 			}
 		}
 		if err := res.qp.Modify(&s.Attr, s.Mask); err != nil {
-			return nil, where("modify QP "+s.Transition.String(), err)
+			return nil, nil, where("modify QP "+s.Transition.String(), err)
 		}
 	}
 	// Both QPs are at RTS before either side sends.
 	var ready string
 	if err := sayHear(tcp, r, "ready", &ready); err != nil || ready != "ready" {
-		return nil, where("wait for the peer's RTS", fmt.Errorf("%v (got %q)", err, ready))
+		return nil, nil, where("wait for the peer's RTS", fmt.Errorf("%v (got %q)", err, ready))
 	}
 	c := &Conn{QP: res.qp, SendCQ: res.scq, RecvCQ: res.rcq, PD: res.pd, Device: res.dev, opts: *o,
 		done: make(chan struct{}), tcp: tcp, tcpDone: make(chan struct{})}
@@ -175,8 +181,7 @@ func connectOverTCP(ctx context.Context, tcp net.Conn, o *Options, path *resolve
 	if a, err := c.QP.Query(verbs.AttrPathMTU); err == nil {
 		c.path.MTU = a.PathMTU
 	}
-	go c.watchTCP(r)
-	return c, nil
+	return c, r, nil
 }
 
 // watchTCP ends the connection when the peer closes the socket.
