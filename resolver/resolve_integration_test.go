@@ -175,15 +175,12 @@ func TestManualConnectionFromResolver(t *testing.T) {
 	got := 0
 	wcs := make([]verbs.WorkCompletion, 4)
 	for got < 2 {
-		n, err := cq.Poll(wcs)
+		n, err := cq.PollWait(ctx, wcs)
 		require.NoError(t, err)
 		for _, wc := range wcs[:n] {
 			require.NoError(t, wc.Err())
 		}
 		got += n
-		if n == 0 {
-			require.NoError(t, cq.Wait(ctx))
-		}
 	}
 	assert.Equal(t, "resolved", string(mr.Bytes()[1000:1008]))
 }

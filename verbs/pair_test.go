@@ -246,18 +246,10 @@ func runPeer(spec string) error {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		wcs := make([]verbs.WorkCompletion, 1)
-		for {
-			n, err := cq.Poll(wcs)
-			if err != nil {
-				return verbs.WorkCompletion{}, err
-			}
-			if n == 1 {
-				return wcs[0], wcs[0].Err()
-			}
-			if err := cq.Wait(ctx); err != nil {
-				return verbs.WorkCompletion{}, fmt.Errorf("waiting for a completion: %w", err)
-			}
+		if _, err := cq.PollWait(ctx, wcs); err != nil {
+			return verbs.WorkCompletion{}, fmt.Errorf("waiting for a completion: %w", err)
 		}
+		return wcs[0], wcs[0].Err()
 	}
 	recvOff := 0
 	if qpType == verbs.QPTypeUD {

@@ -91,15 +91,10 @@ func waitWC(t *testing.T, cq *verbs.CQ) verbs.WorkCompletion {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	wcs := make([]verbs.WorkCompletion, 1)
-	for {
-		n, err := cq.Poll(wcs)
-		require.NoError(t, err)
-		if n == 1 {
-			require.NoError(t, wcs[0].Err())
-			return wcs[0]
-		}
-		require.NoError(t, cq.Wait(ctx), "no completion within 10 s")
-	}
+	_, err := cq.PollWait(ctx, wcs)
+	require.NoError(t, err, "no completion within 10 s")
+	require.NoError(t, wcs[0].Err())
+	return wcs[0]
 }
 
 func TestRCByHandOnRXE(t *testing.T) {
