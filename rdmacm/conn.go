@@ -79,8 +79,7 @@ type Conn struct {
 	sendMu sync.Mutex
 	recvMu sync.Mutex
 	wrID   atomic.Uint64
-	mrs    []*verbs.MR
-	mrMu   sync.Mutex
+	mrMu   sync.Mutex // guards res.mrs and res.ahs
 }
 
 // Path is the connection's addresses, device, port, GID index and MTU.
@@ -164,9 +163,11 @@ func (c *Conn) Close() error {
 			select {
 			case <-c.done:
 			default:
+				start := time.Now()
 				if err := c.id.disconnect(); err == nil {
 					select {
 					case <-c.done:
+						c.opts.trace(StepDisconnect, start)
 					case <-time.After(c.opts.CloseTimeout):
 					}
 				}
@@ -176,16 +177,14 @@ func (c *Conn) Close() error {
 			c.id.leaveMulticast(c.group)
 		}
 		c.end(ErrClosed, nil)
+		start := time.Now()
 		c.mrMu.Lock()
-		for _, mr := range c.mrs {
-			mr.Close()
-		}
-		c.mrs = nil
-		c.mrMu.Unlock()
 		c.closeErr = c.res.close()
+		c.mrMu.Unlock()
 		if c.id != nil {
 			c.id.close()
 		}
+		c.opts.trace(StepDestroy, start)
 	})
 	return c.closeErr
 }
@@ -199,7 +198,7 @@ func (c *Conn) RegisterMemory(size int, access verbs.AccessFlags) (*verbs.MR, er
 	}
 	c.mrMu.Lock()
 	defer c.mrMu.Unlock()
-	c.mrs = append(c.mrs, mr)
+	c.res.mrs = append(c.res.mrs, mr)
 	return mr, nil
 }
 
@@ -324,8 +323,20 @@ func (e *CompletionError) Error() string {
 
 func (c *Conn) completionError(op string, wc verbs.WorkCompletion) error {
 	// A flush after the connection ended is that end, not a new failure.
+	// On iWARP the peer's close flushes the QP before DISCONNECTED
+	// arrives: give the event a moment to say so.
+	if wc.Status == verbs.WCWRFlushErr {
+		select {
+		case <-c.done:
+		case <-time.After(flushGrace):
+		}
+	}
 	return c.opError(op, c.Err(), &CompletionError{Status: wc.Status, Vendor: wc.VendorErr})
 }
+
+// flushGrace is how long a flushed work request waits for the event that
+// explains it.
+const flushGrace = 500 * time.Millisecond
 
 // resources are a connection's verbs objects, released in reverse.
 type resources struct {
@@ -334,6 +345,7 @@ type resources struct {
 	scq, rcq *verbs.CQ
 	qp       *verbs.QP
 	ahs      []*verbs.AH
+	mrs      []*verbs.MR // RegisterMemory's, released after the QP and before the PD
 }
 
 func (r *resources) close() error {
@@ -343,6 +355,9 @@ func (r *resources) close() error {
 	}
 	for _, ah := range r.ahs {
 		errs = append(errs, ah.Close())
+	}
+	for _, mr := range r.mrs {
+		errs = append(errs, mr.Close())
 	}
 	for _, cq := range []*verbs.CQ{r.scq, r.rcq} {
 		if cq != nil {

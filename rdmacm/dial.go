@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"syscall"
+	"time"
 
 	"github.com/rdmago/rdmago/verbs"
 )
@@ -32,10 +33,12 @@ func Dial(ctx context.Context, address string, opts *Options) (*Conn, error) {
 	if _, err := encodePrivateData(ps, msgConnect, o.RawPrivateData, 0, o.PrivateData); err != nil {
 		return nil, &OpError{Op: "dial", Local: addrPort(o.Source), Remote: dst, Err: err}
 	}
+	start := time.Now()
 	id, err := newID(ps)
 	if err != nil {
 		return nil, &OpError{Op: "dial", Local: addrPort(o.Source), Remote: dst, Err: err}
 	}
+	o.trace(StepCreateID, start)
 	e := &endpoint{op: "dial", o: &o, id: id, local: addrPort(o.Source), remote: dst}
 	c, err := e.dial(ctx)
 	if err != nil {
@@ -75,6 +78,10 @@ func (e *endpoint) dial(ctx context.Context) (*Conn, error) {
 	if err != nil {
 		return nil, e.fail("connect", nil, err)
 	}
+	if err := e.beforeConnect(); err != nil {
+		return nil, err
+	}
+	start := time.Now()
 	if err := e.id.connectOrAccept(false, p, data); err != nil {
 		if errors.Is(err, syscall.ECONNREFUSED) {
 			// iWARP connects its TCP stream in rdma_connect: a refusal is immediate.
@@ -92,12 +99,22 @@ func (e *endpoint) dial(ctx context.Context) (*Conn, error) {
 	peerData, peerMTU := decodePrivateData(ev.PrivateData, o.RawPrivateData)
 	switch ev.Type {
 	case EventEstablished:
+		o.trace(StepConnect, start)
 		if o.QPType == verbs.QPTypeUD {
 			return e.udConn(ev, peerData)
 		}
 		return e.conn(peerData, o.Mode), nil
 	case EventConnectResponse:
 		// Manual mode: the QP is ours to move, then the RTU tells the peer.
+		// INIT again first, as librdmacm does for its own QPs: only now
+		// does the CM grant remote read and atomic access (the INIT
+		// attributes before the reply have remote write alone), and without
+		// it the peer's RDMA READs fail with a remote invalid request.
+		o.trace(StepConnect, start)
+		if err := e.move(verbs.QPStateInit, 0); err != nil {
+			e.id.reject(nil)
+			return nil, err
+		}
 		if err := e.move(verbs.QPStateRTR, peerMTU); err != nil {
 			e.id.reject(nil)
 			return nil, err
@@ -106,9 +123,11 @@ func (e *endpoint) dial(ctx context.Context) (*Conn, error) {
 			e.id.reject(nil)
 			return nil, err
 		}
+		start := time.Now()
 		if err := e.id.establish(); err != nil {
 			return nil, e.fail("rdma_establish", ErrConnect, err)
 		}
+		o.trace(StepEstablish, start)
 		return e.conn(peerData, o.Mode), nil
 	case EventRejected:
 		oe := e.failEvent("connect", nil, ev)

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	"github.com/rdmago/rdmago/verbs"
 )
@@ -226,11 +227,17 @@ func (e *endpoint) accept(ctx context.Context, r *ConnRequest, privateData []byt
 			}
 		}
 	}
+	if err := e.beforeConnect(); err != nil {
+		e.id.reject(nil)
+		return nil, err
+	}
 	data, _ := encodePrivateData(e.id.ps, msgAccept, o.RawPrivateData, e.localMTU(), privateData)
+	start := time.Now()
 	if err := e.id.connectOrAccept(true, p, data); err != nil {
 		return nil, e.fail("accept", ErrConnect, err)
 	}
 	if o.QPType == verbs.QPTypeUD {
+		o.trace(StepConnect, start)
 		return e.conn(r.PrivateData, o.Mode), nil
 	}
 	ev, err := e.await(ctx, "accept", o.ConnectTimeout)
@@ -239,6 +246,7 @@ func (e *endpoint) accept(ctx context.Context, r *ConnRequest, privateData []byt
 	}
 	switch ev.Type {
 	case EventEstablished:
+		o.trace(StepConnect, start)
 		return e.conn(r.PrivateData, o.Mode), nil
 	case EventUnreachable:
 		return nil, e.failEvent("accept", ErrUnreachable, ev)

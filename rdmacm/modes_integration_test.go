@@ -52,7 +52,9 @@ func TestManualMode(t *testing.T) {
 	init := verbs.Transition{From: verbs.QPStateReset, To: verbs.QPStateInit}
 	rtr := verbs.Transition{From: verbs.QPStateInit, To: verbs.QPStateRTR}
 	rts := verbs.Transition{From: verbs.QPStateRTR, To: verbs.QPStateRTS}
-	assert.ElementsMatch(t, []verbs.Transition{init, rtr, rts, init, rtr, rts}, seen)
+	// The dialer takes INIT again once the reply has granted remote read.
+	again := verbs.Transition{From: verbs.QPStateInit, To: verbs.QPStateInit}
+	assert.ElementsMatch(t, []verbs.Transition{init, rtr, rts, init, again, rtr, rts}, seen)
 }
 
 // The manual side negotiates the path MTU down to the smaller side's.
@@ -238,3 +240,22 @@ func peerMain(addr string) {
 }
 
 var _ = bytes.Equal
+
+// The dialer's QP in manual mode grants remote read: the CM grants it only
+// with its reply, so the INIT attributes are taken again before RTR (a
+// peer's RDMA READ otherwise fails with REM_INV_REQ_ERR).
+func TestManualModeDialerIsReadable(t *testing.T) {
+	checkNoLeaks(t)
+	client, server := pair(t, rxe(t), &rdmacm.Options{Mode: rdmacm.ModeManual})
+	ctx := ctxFor(t, 20*time.Second)
+	cmr, err := client.RegisterMemory(4096, access)
+	require.NoError(t, err)
+	smr, err := server.RegisterMemory(4096, access)
+	require.NoError(t, err)
+	copy(cmr.Bytes(), "read me")
+	require.NoError(t, server.Read(ctx, smr, 0, 7, rdmacm.RemoteBufferOf(cmr, 0, 7)))
+	assert.Equal(t, "read me", string(smr.Bytes()[:7]))
+	a, err := client.QP.Query(verbs.AttrAccessFlags)
+	require.NoError(t, err)
+	assert.NotZero(t, a.AccessFlags&verbs.AccessRemoteRead, "access flags %v", a.AccessFlags)
+}

@@ -96,6 +96,21 @@ type Options struct {
 
 	// Backlog bounds connect requests waiting for Accept (default 128).
 	Backlog int
+
+	// BeforeConnect, if set, runs once the QP exists and before the
+	// connect request (Dial) or the accept (Accept) goes out, with the Conn
+	// that Dial or Accept will return. Register memory and post receives
+	// there, so that the peer's first SEND finds one: on iWARP a SEND that
+	// arrives before its receive ends the connection (there is no RNR
+	// retry), and on RoCE it costs an RNR delay. Only RegisterMemory and
+	// PostRecv are meaningful before the connection is up; an error aborts
+	// it. Memory registered here is released on every path.
+	BeforeConnect func(c *Conn) error
+
+	// Trace, if set, is called after each step of Dial, Accept and Close
+	// completes, with when it started and how long it took: the per-step
+	// view of rdma-core's cmtime. It runs on the caller's goroutine.
+	Trace func(s Step, start time.Time, d time.Duration)
 }
 
 const (

@@ -168,3 +168,14 @@ func TestRemoteBuffer(t *testing.T) {
 	_, err = ParseRemoteBuffer(make([]byte, 8))
 	assert.Error(t, err)
 }
+
+func TestStepNames(t *testing.T) {
+	seen := map[string]bool{}
+	for _, s := range Steps() {
+		name := s.String()
+		assert.NotContains(t, name, "Step(", "step %d has no name", int(s))
+		assert.False(t, seen[name], "two steps are called %q", name)
+		seen[name] = true
+	}
+	assert.Equal(t, "Step(99)", Step(99).String())
+}

@@ -27,6 +27,8 @@ type endpoint struct {
 	iwarp  bool
 	// connecting: a connect request is out and not yet answered.
 	connecting bool
+	// c is the Conn being made, once BeforeConnect has seen it.
+	c *Conn
 }
 
 func (e *endpoint) fail(step string, kind, err error) *OpError {
@@ -109,6 +111,7 @@ func intOpt(v int32) []byte {
 // resolve runs address and route resolution with bounded retries.
 func (e *endpoint) resolve(ctx context.Context, src netip.Addr) error {
 	o := e.o
+	start := time.Now()
 	for attempt := 0; ; attempt++ {
 		if err := e.id.resolveAddr(src, e.remote, o.ResolveAddrTimeout); err != nil {
 			oe := e.fail("resolve address", ErrAddrResolution, err)
@@ -120,6 +123,7 @@ func (e *endpoint) resolve(ctx context.Context, src netip.Addr) error {
 			return err
 		}
 		if ev.Type == EventAddrResolved {
+			o.trace(StepResolveAddr, start)
 			break
 		}
 		if ev.Type != EventAddrError || attempt >= o.ResolveRetries || !retryable(ev.Status) {
@@ -136,6 +140,7 @@ func (e *endpoint) resolve(ctx context.Context, src netip.Addr) error {
 	if err := e.checkMode(); err != nil {
 		return err
 	}
+	start = time.Now()
 	for attempt := 0; ; attempt++ {
 		if err := e.id.resolveRoute(o.ResolveRouteTimeout); err != nil {
 			return e.fail("resolve route", ErrRouteResolution, err)
@@ -145,6 +150,7 @@ func (e *endpoint) resolve(ctx context.Context, src netip.Addr) error {
 			return err
 		}
 		if ev.Type == EventRouteResolved {
+			o.trace(StepResolveRoute, start)
 			return nil
 		}
 		if ev.Type != EventRouteError || attempt >= o.ResolveRetries || !retryable(ev.Status) {
@@ -182,6 +188,7 @@ func (e *endpoint) prepare() error {
 		e.iwarp = dev.Info.Transport == verbs.TransportIWARP
 	}
 	dev := e.res.dev
+	start := time.Now()
 	var err error
 	if e.port, err = dev.QueryPort(e.id.portNum()); err != nil {
 		return e.fail("query port", nil, err)
@@ -203,11 +210,13 @@ func (e *endpoint) prepare() error {
 		if e.res.qp, err = e.id.createQP(e.res.pd, e.res.scq, e.res.rcq, o.QPType, o.Cap); err != nil {
 			return e.resourceError(fmt.Sprintf("rdma_create_qp %v %+v", o.QPType, o.Cap), err)
 		}
+		o.trace(StepCreateQP, start)
 		return nil
 	}
 	if e.res.qp, err = e.res.pd.CreateQP(verbs.QPInit{Type: o.QPType, SendCQ: e.res.scq, RecvCQ: e.res.rcq, Cap: o.Cap}); err != nil {
 		return e.resourceError("create QP", err)
 	}
+	o.trace(StepCreateQP, start)
 	if err := e.move(verbs.QPStateInit, 0); err != nil {
 		return err
 	}
@@ -241,6 +250,7 @@ func (e *endpoint) resourceError(step string, err error) error {
 // BeforeModify; the path MTU is at most both sides' active MTU.
 func (e *endpoint) move(to verbs.QPState, peerMTU verbs.MTU) error {
 	qp := e.res.qp
+	start := time.Now()
 	from := qp.State()
 	step := fmt.Sprintf("modify QP %v", verbs.Transition{From: from, To: to})
 	attr, mask, err := e.id.initQPAttr(to)
@@ -267,6 +277,7 @@ func (e *endpoint) move(to verbs.QPState, peerMTU verbs.MTU) error {
 	if err := qp.Modify(&attr, mask); err != nil {
 		return e.fail(step, nil, err)
 	}
+	e.o.trace(map[verbs.QPState]Step{verbs.QPStateInit: StepInitQP, verbs.QPStateRTR: StepRTRQP, verbs.QPStateRTS: StepRTSQP}[to], start)
 	return nil
 }
 
@@ -300,11 +311,35 @@ func (e *endpoint) rdAtomic(p *ConnParam, peer *ConnParam) error {
 	return nil
 }
 
+// early is the Conn being made, before the connection is up: what
+// BeforeConnect sees. Its memory goes into the endpoint's resources, so
+// that abort releases it.
+func (e *endpoint) early() *Conn {
+	if e.c == nil {
+		e.c = &Conn{QP: e.res.qp, SendCQ: e.res.scq, RecvCQ: e.res.rcq, PD: e.res.pd, Device: e.res.dev,
+			opts: *e.o, id: e.id, done: make(chan struct{}), res: &e.res}
+		e.c.path = Path{Local: e.local, Remote: e.remote, Device: e.id.deviceName(), Port: e.id.portNum(),
+			GIDIndex: -1, Mode: e.o.Mode}
+	}
+	return e.c
+}
+
+// beforeConnect runs Options.BeforeConnect, if any.
+func (e *endpoint) beforeConnect() error {
+	if e.o.BeforeConnect == nil {
+		return nil
+	}
+	if err := e.o.BeforeConnect(e.early()); err != nil {
+		return e.fail("BeforeConnect", nil, err)
+	}
+	return nil
+}
+
 // conn assembles the Conn once the connection is up and routes the id's
 // later events to it.
 func (e *endpoint) conn(peerData []byte, mode Mode) *Conn {
-	c := &Conn{QP: e.res.qp, SendCQ: e.res.scq, RecvCQ: e.res.rcq, PD: e.res.pd, Device: e.res.dev,
-		peerData: peerData, opts: *e.o, id: e.id, done: make(chan struct{})}
+	c := e.early()
+	c.peerData = peerData
 	res := e.res
 	c.res = &res
 	e.res = resources{}
