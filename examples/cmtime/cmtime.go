@@ -1,0 +1,331 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"runtime/pprof"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/rdmago/rdmago/rdmacm"
+	"github.com/rdmago/rdmago/verbs"
+)
+
+type config struct {
+	server, bind     string
+	port, conns      int
+	retries, timeout int
+	manual           bool
+}
+
+func parse(args []string, out io.Writer) (config, error) {
+	var c config
+	fs := flag.NewFlagSet("cmtime", flag.ContinueOnError)
+	fs.SetOutput(out)
+	fs.StringVar(&c.server, "s", "", "server address to connect to (none: be the server)")
+	fs.StringVar(&c.bind, "b", "", "address to bind to: the client's source, the server's listening address")
+	fs.IntVar(&c.port, "p", 7471, "port")
+	fs.IntVar(&c.conns, "c", 100, "client: number of connections")
+	fs.IntVar(&c.retries, "r", 2, "client: retries of address and route resolution")
+	fs.IntVar(&c.timeout, "t", 2000, "client: timeout of each step in milliseconds")
+	fs.BoolVar(&c.manual, "q", false, "client: move the QPs with rdmago's manual mode (InfiniBand and RoCE only)")
+	if err := fs.Parse(args); err != nil {
+		return c, err
+	}
+	switch {
+	case fs.NArg() > 0:
+		return c, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	case c.conns <= 0:
+		return c, fmt.Errorf("invalid number of connections %d", c.conns)
+	case c.port <= 0 || c.port > 65535:
+		return c, fmt.Errorf("invalid port %d", c.port)
+	case c.timeout <= 0:
+		return c, fmt.Errorf("invalid timeout %d ms", c.timeout)
+	case c.retries < 0:
+		return c, fmt.Errorf("invalid retries %d", c.retries)
+	}
+	return c, nil
+}
+
+func run(ctx context.Context, args []string, out io.Writer) error {
+	c, err := parse(args, out)
+	if err != nil {
+		return err
+	}
+	if c.server == "" {
+		return serve(ctx, c, out)
+	}
+	r, err := connectAll(ctx, c)
+	if err != nil {
+		return err
+	}
+	r.print(out)
+	return r.err
+}
+
+// options are the C tool's: one-entry queues, one read in flight, no
+// private data.
+func options(c config) *rdmacm.Options {
+	return &rdmacm.Options{
+		Cap:                verbs.QPCap{MaxSendWR: 1, MaxRecvWR: 1, MaxSendSGE: 1, MaxRecvSGE: 1},
+		RawPrivateData:     true,
+		ResponderResources: 1,
+		InitiatorDepth:     1,
+		Backlog:            1024,
+	}
+}
+
+func serve(ctx context.Context, c config, out io.Writer) error {
+	addr := c.bind
+	if addr == "" {
+		addr = "0.0.0.0"
+	}
+	l, err := rdmacm.Listen(net.JoinHostPort(addr, strconv.Itoa(c.port)), options(c))
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "cmtime: listening on %v\n", l.Addr())
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer l.Close()
+	var mu sync.Mutex // out
+	for {
+		req, err := l.Request(ctx)
+		if ctx.Err() != nil {
+			return nil // interrupted: the normal end of a server
+		}
+		if err != nil {
+			return err
+		}
+		// Accept waits for the dialer's RTU: one goroutine each, so that a
+		// dialer that holds its RTU back (as a manual one may) does not
+		// hold up the others.
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			conn, err := req.Accept(ctx, nil)
+			if err != nil {
+				mu.Lock()
+				fmt.Fprintf(out, "cmtime: %v\n", err) // a failed request does not end the server
+				mu.Unlock()
+				return
+			}
+			select {
+			case <-conn.Done():
+			case <-ctx.Done():
+			}
+			conn.Close()
+		}()
+	}
+}
+
+// barrier holds each connection's k-th step until every connection still
+// running has done its k-th step, as the C tool runs one step at a time.
+type barrier struct {
+	mu      sync.Mutex
+	cond    *sync.Cond
+	parties int
+	arrived []int       // per sequence number
+	last    []time.Time // when the last party arrived
+	release time.Time   // when the previous step let go
+	walls   []time.Duration
+	steps   []rdmacm.Step
+}
+
+func newBarrier(n int) *barrier {
+	b := &barrier{parties: n, release: time.Now()}
+	b.cond = sync.NewCond(&b.mu)
+	return b
+}
+
+// arrive records step s as a party's k-th and waits for the others.
+func (b *barrier) arrive(k int, s rdmacm.Step) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for len(b.arrived) <= k {
+		b.arrived = append(b.arrived, 0)
+		b.steps = append(b.steps, s)
+	}
+	b.arrived[k]++
+	b.check(k)
+	for b.arrived[k] < b.parties {
+		b.cond.Wait()
+	}
+}
+
+// check ends step k once every party has done it.
+func (b *barrier) check(k int) {
+	if k < len(b.arrived) && b.arrived[k] >= b.parties && len(b.walls) == k {
+		now := time.Now()
+		b.walls = append(b.walls, now.Sub(b.release))
+		b.release = now
+		b.cond.Broadcast()
+	}
+}
+
+// leave drops a party that failed.
+func (b *barrier) leave() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.parties--
+	b.check(len(b.walls))
+	b.cond.Broadcast()
+}
+
+// node is one connection's times, per step (a step may occur twice: the
+// manual dialer takes its QP to INIT again after the reply).
+type node struct {
+	d  map[rdmacm.Step]time.Duration
+	k  int
+	ok bool
+}
+
+type result struct {
+	conns   int
+	nodes   []*node
+	b       *barrier
+	err     error // the first failure, if any
+	failed  int
+	threads int
+	peakRSS string
+}
+
+func connectAll(ctx context.Context, c config) (*result, error) {
+	dst := net.JoinHostPort(c.server, strconv.Itoa(c.port))
+	var src netip.Addr
+	if c.bind != "" {
+		var err error
+		if src, err = netip.ParseAddr(c.bind); err != nil {
+			return nil, fmt.Errorf("bind address: %w", err)
+		}
+	}
+	r := &result{conns: c.conns, nodes: make([]*node, c.conns), b: newBarrier(c.conns)}
+	var mu sync.Mutex
+	fail := func(err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		r.failed++
+		if r.err == nil {
+			r.err = err
+		}
+	}
+	var wg sync.WaitGroup
+	for i := range r.nodes {
+		n := &node{d: map[rdmacm.Step]time.Duration{}}
+		r.nodes[i] = n
+		o := options(c)
+		o.Source = src
+		step := time.Duration(c.timeout) * time.Millisecond
+		o.ResolveAddrTimeout, o.ResolveRouteTimeout, o.ConnectTimeout, o.CloseTimeout = step, step, step, step
+		o.ResolveRetries = c.retries
+		if c.retries == 0 {
+			o.ResolveRetries = -1
+		}
+		if c.manual {
+			o.Mode = rdmacm.ModeManual
+		}
+		o.Trace = func(s rdmacm.Step, _ time.Time, d time.Duration) {
+			n.d[s] += d
+			k := n.k
+			n.k++
+			r.b.arrive(k, s)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			conn, err := rdmacm.Dial(ctx, dst, o)
+			if err != nil {
+				r.b.leave()
+				fail(err)
+				return
+			}
+			n.ok = true
+			if err := conn.Close(); err != nil {
+				fail(err)
+			}
+		}()
+	}
+	wg.Wait()
+	r.threads = pprof.Lookup("threadcreate").Count()
+	r.peakRSS = procStatus("VmHWM")
+	return r, nil
+}
+
+// procStatus is one field of /proc/self/status.
+func procStatus(field string) string {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return "?"
+	}
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), field+":"); ok {
+			return strings.Join(strings.Fields(v), " ")
+		}
+	}
+	return "?"
+}
+
+// row is one step of the table.
+type row struct {
+	step     string
+	total    time.Duration // wall time of the step for all connections
+	max, min time.Duration // of one connection
+	perConn  time.Duration // total / connections
+}
+
+// rows aggregates the barrier's walls and the nodes' times by step, in the
+// order the steps ran.
+func (r *result) rows() []row {
+	var rows []row
+	index := map[rdmacm.Step]int{}
+	for k, s := range r.b.steps {
+		if k >= len(r.b.walls) {
+			break
+		}
+		i, ok := index[s]
+		if !ok {
+			i = len(rows)
+			index[s] = i
+			rows = append(rows, row{step: s.String(), min: -1})
+		}
+		rows[i].total += r.b.walls[k]
+	}
+	for s, i := range index {
+		w := &rows[i]
+		for _, n := range r.nodes {
+			if d, ok := n.d[s]; ok {
+				w.max = max(w.max, d)
+				if w.min < 0 || d < w.min {
+					w.min = d
+				}
+			}
+		}
+		w.min = max(w.min, 0)
+		w.perConn = w.total / time.Duration(r.conns)
+	}
+	return rows
+}
+
+func (r *result) print(out io.Writer) {
+	fmt.Fprintf(out, "step              total ms     max ms     min us  us / conn\n")
+	for _, w := range r.rows() {
+		fmt.Fprintf(out, "%-13s: %11.2f%11.2f%11.2f%11.2f\n", w.step, ms(w.total), ms(w.max), us(w.min), us(w.perConn))
+	}
+	fmt.Fprintf(out, "go process: %d OS threads created, peak RSS %s\n", r.threads, r.peakRSS)
+	if r.err != nil {
+		fmt.Fprintf(out, "%d of %d connections failed; the first: %v\n", r.failed, r.conns, r.err)
+	}
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+func us(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }

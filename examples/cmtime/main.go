@@ -1,0 +1,37 @@
+// Command cmtime is rdma-core's cmtime written with rdmago: it times each
+// step of setting up and tearing down many RC connections and prints the
+// same table as the C tool, so that the two can be run side by side.
+//
+//	cmtime [-b bind_address] [-p port]                        server
+//	cmtime -s server_address [-b bind_address] [-c connections] [-p port]
+//	       [-r retries] [-t timeout_ms] [-q]                   client
+//
+// Like the C client, the Go client takes all connections through one step
+// before any starts the next (create id, resolve address, resolve route,
+// create QP, connect, disconnect, destroy): each row is the wall time of
+// one step for all connections. Every Dial runs on its own goroutine and
+// waits for the others in Options.Trace, which runs between the steps.
+// With -q the QPs are moved by rdmago's manual mode and the INIT, RTR and
+// RTS modifies get rows of their own. The client can talk to the C server
+// ("cmtime" with no -s) and the C client to ours.
+//
+// After the table the client prints what the run cost the Go process: OS
+// threads created and peak resident memory.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "cmtime:", err)
+		os.Exit(1)
+	}
+}

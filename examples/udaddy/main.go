@@ -1,0 +1,31 @@
+// Command udaddy is rdma-core's udaddy written with rdmago: unreliable
+// datagrams (UD) set up through the CM's UDP port space, speaking udaddy's
+// protocol so that either side can be the C tool.
+//
+//	udaddy [-b bind_address] [-p port] [-c connections] [-C count] [-S size]             server
+//	udaddy -s server_address [-b bind_address] [-p port] [-c connections] [-C count] [-S size]  client
+//
+// The client resolves the server, which answers with its QP number and
+// qkey; the client sends count datagrams of size bytes (SEND with
+// immediate data: its own QP number), and the server answers each with a
+// datagram of its own, addressed from the first one's GRH. A datagram
+// must fit the path MTU: -S larger than it is refused before anything is
+// sent.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "udaddy:", err)
+		os.Exit(1)
+	}
+}

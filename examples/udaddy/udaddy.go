@@ -1,0 +1,270 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"strconv"
+	"sync"
+
+	"github.com/rdmago/rdmago/rdmacm"
+	"github.com/rdmago/rdmago/verbs"
+)
+
+type config struct {
+	server, bind string
+	port, conns  int
+	count, size  int
+}
+
+func parse(args []string, out io.Writer) (config, error) {
+	var c config
+	fs := flag.NewFlagSet("udaddy", flag.ContinueOnError)
+	fs.SetOutput(out)
+	fs.StringVar(&c.server, "s", "", "server address to connect to (none: be the server)")
+	fs.StringVar(&c.bind, "b", "", "address to bind to: the client's source, the server's listening address")
+	fs.IntVar(&c.port, "p", 7174, "port")
+	fs.IntVar(&c.conns, "c", 1, "number of connections")
+	fs.IntVar(&c.count, "C", 10, "datagrams each way per connection")
+	fs.IntVar(&c.size, "S", 100, "datagram size in bytes (at most the path MTU)")
+	if err := fs.Parse(args); err != nil {
+		return c, err
+	}
+	switch {
+	case fs.NArg() > 0:
+		return c, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	case c.conns <= 0:
+		return c, fmt.Errorf("invalid number of connections %d", c.conns)
+	case c.count <= 0:
+		return c, fmt.Errorf("invalid message count %d", c.count)
+	case c.size <= 0:
+		return c, fmt.Errorf("invalid message size %d", c.size)
+	case c.port <= 0 || c.port > 65535:
+		return c, fmt.Errorf("invalid port %d", c.port)
+	}
+	return c, nil
+}
+
+func run(ctx context.Context, args []string, out io.Writer) error {
+	c, err := parse(args, out)
+	if err != nil {
+		return err
+	}
+	if c.server == "" {
+		fmt.Fprintln(out, "udaddy: starting server")
+		err = serve(ctx, c, out)
+	} else {
+		fmt.Fprintln(out, "udaddy: starting client")
+		err = connectAll(ctx, c, out)
+	}
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(out, "test complete")
+	return nil
+}
+
+// endpoint is one connection's QP and datagram buffers: count receive
+// slots of GRH plus size bytes, and one send buffer.
+type endpoint struct {
+	c    config
+	conn *rdmacm.Conn
+	mr   *verbs.MR
+}
+
+func (e *endpoint) slot(i int) int { return i * (verbs.GRHSize + e.c.size) }
+
+func (e *endpoint) sendOff() int { return e.slot(e.c.count) }
+
+// options posts every receive before the connection exists, as udaddy does:
+// datagrams that find no receive are dropped.
+func (e *endpoint) options() *rdmacm.Options {
+	n := uint32(e.c.count)
+	return &rdmacm.Options{
+		QPType:         verbs.QPTypeUD,
+		Cap:            verbs.QPCap{MaxSendWR: n, MaxRecvWR: n, MaxSendSGE: 1, MaxRecvSGE: 1},
+		RawPrivateData: true,
+		Backlog:        e.c.conns,
+		BeforeConnect:  e.prepost,
+	}
+}
+
+func (e *endpoint) prepost(conn *rdmacm.Conn) error {
+	var err error
+	if e.mr, err = conn.RegisterMemory(e.slot(e.c.count)+e.c.size, verbs.AccessLocalWrite); err != nil {
+		return err
+	}
+	for i := 0; i < e.c.count; i++ {
+		if err := conn.PostRecv(e.mr, e.slot(i), verbs.GRHSize+e.c.size); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// checkSize refuses datagrams larger than the path MTU, which the device
+// would drop.
+func (e *endpoint) checkSize() error {
+	if mtu := e.conn.Path().MTU; mtu.Valid() && e.c.size > mtu.Bytes() {
+		return fmt.Errorf("message size %d is larger than the path MTU %d of %s", e.c.size, mtu.Bytes(), e.conn.Path().Device)
+	}
+	return nil
+}
+
+// sendAll sends count datagrams to peer, each carrying our QP number as
+// immediate data (the C server answers to it), and waits for them.
+func (e *endpoint) sendAll(ctx context.Context, peer rdmacm.UDPeer) error {
+	buf := e.mr.Bytes()[e.sendOff():]
+	for i := range buf[:e.c.size] {
+		buf[i] = byte(i)
+	}
+	wr := verbs.SendWR{Opcode: verbs.OpSendWithImm, Flags: verbs.SendSignaled, Imm: e.conn.QP.QPN,
+		SGEs: []verbs.SGE{e.mr.SGE(e.sendOff(), e.c.size)}, AH: peer.AH, RemoteQPN: peer.QPN, RemoteQKey: peer.QKey}
+	for i := 0; i < e.c.count; i++ {
+		wr.ID = uint64(i)
+		if err := e.conn.QP.PostSend(wr); err != nil {
+			return fmt.Errorf("posting datagram %d: %w", i, err)
+		}
+	}
+	wcs := make([]verbs.WorkCompletion, e.c.count)
+	for done := 0; done < e.c.count; {
+		n, err := e.conn.SendCQ.PollWait(ctx, wcs)
+		if err != nil {
+			return fmt.Errorf("waiting for sends: %w", err)
+		}
+		for _, wc := range wcs[:n] {
+			if wc.Status != verbs.WCSuccess {
+				return fmt.Errorf("datagram %d: %w", wc.ID, &rdmacm.CompletionError{Status: wc.Status, Vendor: wc.VendorErr})
+			}
+		}
+		done += n
+	}
+	return nil
+}
+
+// receiveAll waits for count datagrams and returns the first one's sender.
+func (e *endpoint) receiveAll(ctx context.Context) (rdmacm.UDPeer, error) {
+	var from rdmacm.UDPeer
+	for i := 0; i < e.c.count; i++ {
+		wc, err := e.conn.Recv(ctx)
+		if err != nil {
+			return from, fmt.Errorf("datagram %d: %w", i, err)
+		}
+		if want := uint32(verbs.GRHSize + e.c.size); wc.ByteLen != want {
+			return from, fmt.Errorf("datagram %d is %d bytes with its GRH, want %d", i, wc.ByteLen, want)
+		}
+		if i == 0 {
+			if from, err = e.conn.ReplyTo(wc, e.mr, e.slot(0)); err != nil {
+				return from, err
+			}
+		}
+	}
+	return from, nil
+}
+
+func connectAll(ctx context.Context, c config, out io.Writer) error {
+	dst := net.JoinHostPort(c.server, strconv.Itoa(c.port))
+	var src netip.Addr
+	if c.bind != "" {
+		var err error
+		if src, err = netip.ParseAddr(c.bind); err != nil {
+			return fmt.Errorf("bind address: %w", err)
+		}
+	}
+	fmt.Fprintln(out, "udaddy: connecting")
+	eps := make([]*endpoint, c.conns)
+	errs := make([]error, c.conns)
+	var wg sync.WaitGroup
+	for i := range eps {
+		eps[i] = &endpoint{c: c}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			o := eps[i].options()
+			o.Source = src
+			eps[i].conn, errs[i] = rdmacm.Dial(ctx, dst, o)
+		}()
+	}
+	wg.Wait()
+	defer func() {
+		for _, e := range eps {
+			if e.conn != nil {
+				e.conn.Close()
+			}
+		}
+	}()
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	fmt.Fprintln(out, "initiating data transfers")
+	for _, e := range eps {
+		if err := e.checkSize(); err != nil {
+			return err
+		}
+		if err := e.sendAll(ctx, e.conn.Peer()); err != nil {
+			return err
+		}
+	}
+	fmt.Fprintln(out, "receiving data transfers")
+	for _, e := range eps {
+		if _, err := e.receiveAll(ctx); err != nil {
+			return err
+		}
+	}
+	fmt.Fprintln(out, "data transfers complete")
+	return nil
+}
+
+func serve(ctx context.Context, c config, out io.Writer) error {
+	addr := c.bind
+	if addr == "" {
+		addr = "0.0.0.0"
+	}
+	// One endpoint per expected request: BeforeConnect fills in the next.
+	eps := make([]*endpoint, c.conns)
+	for i := range eps {
+		eps[i] = &endpoint{c: c}
+	}
+	next := 0
+	o := eps[0].options()
+	o.BeforeConnect = func(conn *rdmacm.Conn) error { return eps[next].prepost(conn) }
+	l, err := rdmacm.Listen(net.JoinHostPort(addr, strconv.Itoa(c.port)), o)
+	if err != nil {
+		return err
+	}
+	defer l.Close()
+	defer func() {
+		for _, e := range eps {
+			if e.conn != nil {
+				e.conn.Close()
+			}
+		}
+	}()
+	for ; next < c.conns; next++ {
+		if eps[next].conn, err = l.Accept(ctx); err != nil {
+			return err
+		}
+		if err := eps[next].checkSize(); err != nil {
+			return err
+		}
+	}
+	fmt.Fprintln(out, "receiving data transfers")
+	peers := make([]rdmacm.UDPeer, c.conns)
+	for i, e := range eps {
+		if peers[i], err = e.receiveAll(ctx); err != nil {
+			return err
+		}
+	}
+	fmt.Fprintln(out, "sending replies")
+	for i, e := range eps {
+		if err := e.sendAll(ctx, peers[i]); err != nil {
+			return err
+		}
+	}
+	fmt.Fprintln(out, "data transfers complete")
+	return nil
+}

@@ -1,0 +1,106 @@
+//go:build integration
+
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/rdmago/rdmago/examples/internal/interop"
+)
+
+// UD exists on RoCE only: these run on rxe.
+
+func TestGoClientCServer(t *testing.T) {
+	interop.CheckNoLeaks(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	addr := interop.Addr(t, "rxe0")
+	a, p := addr.Addr().String(), fmt.Sprint(addr.Port())
+	srv := interop.Start(t, ctx, "udaddy", "-b", a, "-p", p, "-C", "20", "-S", "512")
+	srv.WaitListening(t, ctx, addr)
+	var out bytes.Buffer
+	require.NoError(t, run(ctx, []string{"-s", a, "-p", p, "-C", "20", "-S", "512"}, &out), out.String())
+	assert.Contains(t, out.String(), "data transfers complete")
+	sout, err := srv.Wait()
+	require.NoError(t, err, sout)
+	assert.Contains(t, sout, "data transfers complete")
+	assert.Contains(t, sout, "return status 0")
+}
+
+func TestCClientGoServer(t *testing.T) {
+	interop.CheckNoLeaks(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	addr := interop.Addr(t, "rxe0")
+	a, p := addr.Addr().String(), fmt.Sprint(addr.Port())
+	var sout bytes.Buffer
+	srv := interop.Go(func() error { return run(ctx, []string{"-b", a, "-p", p, "-C", "20", "-S", "512"}, &sout) })
+	srv.WaitListening(t, ctx, addr)
+	cli := interop.Start(t, ctx, "udaddy", "-s", a, "-p", p, "-C", "20", "-S", "512")
+	out, err := cli.Wait()
+	require.NoError(t, err, out)
+	assert.Contains(t, out, "data transfers complete")
+	assert.Contains(t, out, "return status 0")
+	require.NoError(t, srv.Wait())
+	assert.Contains(t, sout.String(), "data transfers complete")
+}
+
+func TestGoClientGoServerManyConnections(t *testing.T) {
+	interop.CheckNoLeaks(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	addr := interop.Addr(t, "rxe0")
+	a, p := addr.Addr().String(), fmt.Sprint(addr.Port())
+	srv := interop.Go(func() error { return run(ctx, []string{"-b", a, "-p", p, "-c", "4"}, &bytes.Buffer{}) })
+	srv.WaitListening(t, ctx, addr)
+	var out bytes.Buffer
+	require.NoError(t, run(ctx, []string{"-s", a, "-p", p, "-c", "4"}, &out))
+	require.NoError(t, srv.Wait())
+	assert.Contains(t, out.String(), "data transfers complete")
+}
+
+// A datagram larger than the path MTU is refused before it is sent.
+func TestSizeAboveMTURefused(t *testing.T) {
+	interop.CheckNoLeaks(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	addr := interop.Addr(t, "rxe0")
+	a, p := addr.Addr().String(), fmt.Sprint(addr.Port())
+	srv := interop.Start(t, ctx, "udaddy", "-b", a, "-p", p)
+	srv.WaitListening(t, ctx, addr)
+	err := run(ctx, []string{"-s", a, "-p", p, "-S", "8192"}, &bytes.Buffer{})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "larger than the path MTU")
+}
+
+// iWARP has no UD: the refusal says so.
+func TestRefusedOnIWARP(t *testing.T) {
+	interop.CheckNoLeaks(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	addr := interop.Addr(t, "siw0")
+	err := run(ctx, []string{"-b", addr.Addr().String(), "-p", fmt.Sprint(addr.Port())}, &bytes.Buffer{})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "iWARP devices have no UD")
+}
+
+func TestBadArguments(t *testing.T) {
+	for args, want := range map[string]string{
+		"-s 10.0.0.1 -c 0":       "invalid number of connections",
+		"-s 10.0.0.1 -C 0":       "invalid message count",
+		"-s 10.0.0.1 -S 0":       "invalid message size",
+		"-s 10.0.0.1 -b nowhere": "bind address",
+	} {
+		err := run(context.Background(), strings.Fields(args), &bytes.Buffer{})
+		require.Error(t, err, args)
+		assert.Contains(t, err.Error(), want, args)
+	}
+}
