@@ -1,0 +1,395 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/rdmago/rdmago/rdmacm"
+	"github.com/rdmago/rdmago/verbs"
+)
+
+const (
+	defaultPort = 18515 // perftest's
+	maxMsg      = 64 * 1024
+	inline      = 64 // bytes sent inline: no DMA read of the buffer, as perftest does for small messages
+	depth       = 16 // RDMA WRITEs in flight
+)
+
+type config struct {
+	listen, connect string
+	addrs           []string
+	iters, bwIters  int
+	sizes           []int
+	bwSize          int
+	json            bool
+}
+
+func parse(args []string, out io.Writer) (config, error) {
+	c := config{sizes: []int{64, 4096}}
+	fs := flag.NewFlagSet("pingpong", flag.ContinueOnError)
+	fs.SetOutput(out)
+	fs.StringVar(&c.listen, "listen", "", "serve one client on ADDRESS:PORT")
+	fs.StringVar(&c.connect, "connect", "", "connect to a server on ADDRESS:PORT")
+	fs.IntVar(&c.iters, "n", 5000, "round trips per message size")
+	fs.IntVar(&c.bwIters, "bw-n", 1000, "RDMA WRITEs for the bandwidth")
+	fs.IntVar(&c.bwSize, "bw-size", maxMsg, "bytes per RDMA WRITE")
+	fs.Func("sizes", "message sizes for the latency, comma-separated (default 64,4096)", func(s string) error {
+		c.sizes = nil
+		for _, f := range strings.Split(s, ",") {
+			n, err := strconv.Atoi(f)
+			if err != nil || n <= 0 || n > maxMsg {
+				return fmt.Errorf("message size %q: want 1 to %d bytes", f, maxMsg)
+			}
+			c.sizes = append(c.sizes, n)
+		}
+		return nil
+	})
+	fs.BoolVar(&c.json, "json", false, "print the client's results as JSON")
+	if err := fs.Parse(args); err != nil {
+		return c, err
+	}
+	c.addrs = fs.Args()
+	modes := 0
+	for _, set := range []bool{c.listen != "", c.connect != "", len(c.addrs) > 0} {
+		if set {
+			modes++
+		}
+	}
+	switch {
+	case modes != 1:
+		return c, errors.New("give addresses to run both ends here, or one of -listen and -connect")
+	case c.iters <= 0 || c.bwIters <= 0:
+		return c, errors.New("iterations must be positive")
+	case c.bwSize <= 0 || c.bwSize > maxMsg:
+		return c, fmt.Errorf("-bw-size %d: want 1 to %d bytes", c.bwSize, maxMsg)
+	}
+	return c, nil
+}
+
+func run(ctx context.Context, args []string, out io.Writer) error {
+	c, err := parse(args, out)
+	if err != nil {
+		return err
+	}
+	switch {
+	case c.listen != "":
+		return serveOne(ctx, c.listen)
+	case c.connect != "":
+		r, err := dialAndMeasure(ctx, c, c.connect)
+		if err != nil {
+			return err
+		}
+		return report(out, c, r)
+	}
+	if !c.json {
+		fmt.Fprintln(out, "rdmago pingpong: both ends in this process, talking through the RDMA device of each address.")
+		fmt.Fprintln(out, "Latency is half a round trip (send, echo, receive); bandwidth is RDMA WRITE into the peer's memory.")
+	}
+	for _, a := range c.addrs {
+		r, err := loopback(ctx, c, a)
+		if err != nil {
+			return err
+		}
+		if err := report(out, c, r); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// loopback runs a server and a client over address's device.
+func loopback(ctx context.Context, c config, address string) (*results, error) {
+	addr := net.JoinHostPort(address, strconv.Itoa(defaultPort))
+	l, err := rdmacm.Listen(addr, serverOptions())
+	if err != nil {
+		return nil, err
+	}
+	served := make(chan error, 1)
+	go func() {
+		defer l.Close()
+		conn, err := l.Accept(ctx)
+		if err != nil {
+			served <- err
+			return
+		}
+		served <- echo(ctx, conn)
+	}()
+	r, err := dialAndMeasure(ctx, c, addr)
+	if serr := <-served; err == nil && serr != nil {
+		err = fmt.Errorf("server: %w", serr)
+	}
+	return r, err
+}
+
+func serveOne(ctx context.Context, addr string) error {
+	l, err := rdmacm.Listen(addr, serverOptions())
+	if err != nil {
+		return err
+	}
+	conn, err := l.Accept(ctx)
+	l.Close()
+	if err != nil {
+		return err
+	}
+	return echo(ctx, conn)
+}
+
+func capacity() verbs.QPCap {
+	return verbs.QPCap{MaxSendWR: depth * 2, MaxRecvWR: depth, MaxSendSGE: 1, MaxRecvSGE: 1, MaxInlineData: inline}
+}
+
+// The server's memory: a receive buffer, and the window the client WRITEs
+// into. The first receive is posted before the accept.
+var serverMem struct{ recv, window *verbs.MR }
+
+func serverOptions() *rdmacm.Options {
+	return &rdmacm.Options{Cap: capacity(), BeforeConnect: func(conn *rdmacm.Conn) error {
+		var err error
+		if serverMem.recv, err = conn.RegisterMemory(maxMsg, verbs.AccessLocalWrite); err != nil {
+			return err
+		}
+		if serverMem.window, err = conn.RegisterMemory(maxMsg, verbs.AccessLocalWrite|verbs.AccessRemoteWrite); err != nil {
+			return err
+		}
+		return conn.PostRecv(serverMem.recv, 0, maxMsg)
+	}}
+}
+
+// echo sends the client the window, then returns each message it receives,
+// busy-polling as perftest does, until an empty message says goodbye.
+func echo(ctx context.Context, conn *rdmacm.Conn) error {
+	defer conn.Close()
+	recv, window := serverMem.recv, serverMem.window
+	copy(window.Bytes(), rdmacm.RemoteBufferOf(window, 0, maxMsg).Marshal())
+	if err := conn.Send(ctx, window, 0, rdmacm.RemoteBufferSize); err != nil {
+		return err
+	}
+	p := poller{conn: conn}
+	for {
+		wc, err := p.next(ctx, conn.RecvCQ)
+		if err != nil {
+			return err
+		}
+		n := int(wc.ByteLen)
+		if err := conn.QP.PostRecv(verbs.RecvWR{SGEs: []verbs.SGE{recv.SGE(0, maxMsg)}}); err != nil {
+			return err
+		}
+		if err := p.send(ctx, recv, n); err != nil {
+			return err
+		}
+		if n == 0 {
+			<-conn.Done() // the client closes
+			return nil
+		}
+	}
+}
+
+// poller busy-polls a connection's CQs.
+type poller struct {
+	conn *rdmacm.Conn
+	wc   [depth]verbs.WorkCompletion
+}
+
+// next busy-polls cq for one completion. Every 4096 empty polls it checks
+// whether the connection or ctx ended, so that it cannot spin forever.
+func (p *poller) next(ctx context.Context, cq *verbs.CQ) (verbs.WorkCompletion, error) {
+	for spins := 0; ; spins++ {
+		n, err := cq.Poll(p.wc[:1])
+		if err != nil {
+			return verbs.WorkCompletion{}, err
+		}
+		if n == 1 {
+			if p.wc[0].Status != verbs.WCSuccess {
+				return p.wc[0], &rdmacm.CompletionError{Status: p.wc[0].Status, Vendor: p.wc[0].VendorErr}
+			}
+			return p.wc[0], nil
+		}
+		if spins%4096 == 4095 {
+			select {
+			case <-ctx.Done():
+				return verbs.WorkCompletion{}, ctx.Err()
+			case <-p.conn.Done():
+				return verbs.WorkCompletion{}, p.conn.Err()
+			default:
+			}
+		}
+	}
+}
+
+// send posts n bytes of mr (inline when small) and waits for its completion.
+func (p *poller) send(ctx context.Context, mr *verbs.MR, n int) error {
+	wr := verbs.SendWR{Opcode: verbs.OpSend, Flags: verbs.SendSignaled, SGEs: []verbs.SGE{mr.SGE(0, n)}}
+	if n <= inline {
+		wr.Flags |= verbs.SendInline
+	}
+	if n == 0 {
+		wr.SGEs = nil
+	}
+	if err := p.conn.QP.PostSend(wr); err != nil {
+		return err
+	}
+	_, err := p.next(ctx, p.conn.SendCQ)
+	return err
+}
+
+type results struct {
+	Path      rdmacm.Path   `json:"-"`
+	Device    string        `json:"device"`
+	Transport string        `json:"transport"`
+	Setup     time.Duration `json:"setup_ns"`
+	Latency   []latencyRow  `json:"latency"`
+	BWSize    int           `json:"bw_size"`
+	BWIters   int           `json:"bw_iters"`
+	MBps      float64       `json:"bw_MBps"`
+}
+
+type latencyRow struct {
+	Size  int     `json:"size"`
+	P50us float64 `json:"p50_us"`
+	P90us float64 `json:"p90_us"`
+	P99us float64 `json:"p99_us"`
+	MaxUs float64 `json:"max_us"`
+}
+
+func dialAndMeasure(ctx context.Context, c config, addr string) (*results, error) {
+	var recv *verbs.MR
+	opts := &rdmacm.Options{Cap: capacity(), BeforeConnect: func(conn *rdmacm.Conn) error {
+		var err error
+		if recv, err = conn.RegisterMemory(maxMsg, verbs.AccessLocalWrite); err != nil {
+			return err
+		}
+		return conn.PostRecv(recv, 0, maxMsg) // for the server's window
+	}}
+	start := time.Now()
+	conn, err := rdmacm.Dial(ctx, addr, opts)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	r := &results{Path: conn.Path(), Device: conn.Path().Device, Transport: conn.Path().Transport.String(),
+		Setup: time.Since(start), BWSize: c.bwSize, BWIters: c.bwIters}
+	send, err := conn.RegisterMemory(maxMsg, verbs.AccessLocalWrite)
+	if err != nil {
+		return nil, err
+	}
+	p := poller{conn: conn}
+	if _, err := p.next(ctx, conn.RecvCQ); err != nil {
+		return nil, fmt.Errorf("waiting for the server's window: %w", err)
+	}
+	window, err := rdmacm.ParseRemoteBuffer(recv.Bytes())
+	if err != nil {
+		return nil, err
+	}
+	for _, size := range c.sizes {
+		row, err := measureLatency(ctx, &p, send, recv, size, c.iters)
+		if err != nil {
+			return nil, fmt.Errorf("latency of %d bytes: %w", size, err)
+		}
+		r.Latency = append(r.Latency, row)
+	}
+	if r.MBps, err = measureBandwidth(ctx, &p, send, window, c.bwSize, c.bwIters); err != nil {
+		return nil, fmt.Errorf("bandwidth: %w", err)
+	}
+	// Goodbye: an empty message, echoed.
+	if err := conn.QP.PostRecv(verbs.RecvWR{SGEs: []verbs.SGE{recv.SGE(0, maxMsg)}}); err != nil {
+		return nil, err
+	}
+	if err := p.send(ctx, send, 0); err != nil {
+		return nil, err
+	}
+	if _, err := p.next(ctx, conn.RecvCQ); err != nil {
+		return nil, err
+	}
+	return r, conn.Close()
+}
+
+// measureLatency times iters round trips of size bytes, after a warm-up.
+func measureLatency(ctx context.Context, p *poller, send, recv *verbs.MR, size, iters int) (latencyRow, error) {
+	const warmUp = 100
+	rtts := make([]time.Duration, 0, iters)
+	for i := 0; i < warmUp+iters; i++ {
+		if err := p.conn.QP.PostRecv(verbs.RecvWR{SGEs: []verbs.SGE{recv.SGE(0, maxMsg)}}); err != nil {
+			return latencyRow{}, err
+		}
+		start := time.Now()
+		if err := p.send(ctx, send, size); err != nil {
+			return latencyRow{}, err
+		}
+		wc, err := p.next(ctx, p.conn.RecvCQ)
+		if err != nil {
+			return latencyRow{}, err
+		}
+		if int(wc.ByteLen) != size {
+			return latencyRow{}, fmt.Errorf("the echo is %d bytes, want %d", wc.ByteLen, size)
+		}
+		if i >= warmUp {
+			rtts = append(rtts, time.Since(start))
+		}
+	}
+	slices.Sort(rtts)
+	half := func(q float64) float64 {
+		return float64(rtts[min(len(rtts)-1, int(q*float64(len(rtts))))]) / 2 / float64(time.Microsecond)
+	}
+	return latencyRow{Size: size, P50us: half(0.5), P90us: half(0.9), P99us: half(0.99), MaxUs: half(1)}, nil
+}
+
+// measureBandwidth keeps depth RDMA WRITEs of size bytes in flight until
+// iters completed, and returns MB/s (10^6 bytes).
+func measureBandwidth(ctx context.Context, p *poller, src *verbs.MR, window rdmacm.RemoteBuffer, size, iters int) (float64, error) {
+	wr := verbs.SendWR{Opcode: verbs.OpRDMAWrite, Flags: verbs.SendSignaled, SGEs: []verbs.SGE{src.SGE(0, size)},
+		RemoteAddr: window.Addr, RKey: window.RKey}
+	posted, done := 0, 0
+	start := time.Now()
+	for done < iters {
+		for posted < iters && posted-done < depth {
+			if err := p.conn.QP.PostSend(wr); err != nil {
+				return 0, err
+			}
+			posted++
+		}
+		n, err := p.conn.SendCQ.Poll(p.wc[:])
+		if err != nil {
+			return 0, err
+		}
+		for _, wc := range p.wc[:n] {
+			if wc.Status != verbs.WCSuccess {
+				return 0, &rdmacm.CompletionError{Status: wc.Status, Vendor: wc.VendorErr}
+			}
+		}
+		done += n
+		if n == 0 && ctx.Err() != nil {
+			return 0, ctx.Err()
+		}
+	}
+	return float64(size*iters) / time.Since(start).Seconds() / 1e6, nil
+}
+
+func report(out io.Writer, c config, r *results) error {
+	if c.json {
+		return json.NewEncoder(out).Encode(r)
+	}
+	fmt.Fprintf(out, "\n%s\n", r.Path)
+	fmt.Fprintf(out, "  connected in %.1f ms (resolve address and route, create the QP, connect)\n", float64(r.Setup)/1e6)
+	fmt.Fprintf(out, "  latency, %d round trips each:   p50       p90       p99       max\n", c.iters)
+	for _, l := range r.Latency {
+		fmt.Fprintf(out, "    %-8s %21.1f µs %6.1f µs %6.1f µs %6.1f µs\n", sizeName(l.Size), l.P50us, l.P90us, l.P99us, l.MaxUs)
+	}
+	fmt.Fprintf(out, "  bandwidth, %d RDMA WRITEs of %s, %d in flight: %.1f MB/s\n", r.BWIters, sizeName(r.BWSize), depth, r.MBps)
+	return nil
+}
+
+func sizeName(n int) string {
+	if n >= 1024 && n%1024 == 0 {
+		return fmt.Sprintf("%d KiB", n/1024)
+	}
+	return fmt.Sprintf("%d B", n)
+}
