@@ -1,5 +1,6 @@
 # rdmago: make test runs everything (host unit tests, then integration tests on
-# real rxe and siw devices in qemu guests); make demo runs the main demo.
+# real rxe and siw devices in qemu guests); make demo runs the main demo;
+# make bench measures the examples against the C tools.
 # Both install what they need on a Debian 12 machine first.
 
 SHELL := /bin/bash
@@ -13,7 +14,7 @@ STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 INTEGRATION_PKGS = $(shell grep -rl --include='*_test.go' '^//go:build.*\bintegration\b' . | xargs -r -n1 dirname | sort -u)
 TESTBED_PKGS = $(shell grep -rl --include='*_test.go' '^//go:build.*\btestbed\b' . | xargs -r -n1 dirname | sort -u)
 
-.PHONY: all deps test unit lint integration testbed prepare demo shell clean
+.PHONY: all deps test unit lint integration testbed prepare demo bench examples shell clean
 
 all: test
 
@@ -58,10 +59,23 @@ testbed: prepare
 	@echo "== tests that boot guests from the host (two RoCE hosts, faults)"
 	go test -p 1 -count=1 -v -tags testbed -run . $(TESTBED_PKGS)
 
-demo: prepare
-	@echo "== demo: the RDMA devices of a test bed guest, seen through rdmago/verbs"
-	@go build -o bin/devices ./examples/devices
-	$(RDMAVM) exec $(CURDIR)/bin/devices
+# The examples, built for the guest (which sees this directory).
+EXAMPLES := cmtime pingpong rping udaddy devices rdmapath
+examples: deps
+	@for e in $(EXAMPLES); do go build -o bin/$$e ./examples/$$e; done
+
+# Addresses of the test bed guest's devices (test/testbed): rxe0, then siw0.
+DEMO_ADDRS := 10.10.0.1 10.30.0.1
+
+demo: prepare examples
+	@echo "== demo: pingpong over rxe (RoCE v2) and siw (iWARP) in a test bed guest"
+	$(RDMAVM) exec $(CURDIR)/bin/pingpong $(DEMO_ADDRS)
+
+bench: prepare examples
+	@echo "== benchmarks: Go examples against rdma-core's and perftest's C tools, in one guest"
+	go build -o bin/bench ./bench
+	go test -c -tags integration -o bin/rdmacm.bench.test ./rdmacm
+	$(RDMAVM) exec $(CURDIR)/bin/bench -bin $(CURDIR)/bin -out $(CURDIR)/bench/results.md
 
 shell: prepare
 	$(RDMAVM) shell

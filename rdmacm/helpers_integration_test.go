@@ -28,12 +28,12 @@ type device struct {
 	iwarp      bool
 }
 
-func rxe(t *testing.T) device {
+func rxe(t testing.TB) device {
 	d := testbed.Require(t).MustDevice(t, "rxe0")
 	return device{name: d.Name, addr: d.IPv4}
 }
 
-func siw(t *testing.T) device {
+func siw(t testing.TB) device {
 	d := testbed.Require(t).MustDevice(t, "siw0")
 	return device{name: d.Name, addr: d.IPv4, iwarp: true}
 }

@@ -109,7 +109,8 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 // loopback runs a server and a client over address's device.
 func loopback(ctx context.Context, c config, address string) (*results, error) {
 	addr := net.JoinHostPort(address, strconv.Itoa(defaultPort))
-	l, err := rdmacm.Listen(addr, serverOptions())
+	opts, mem := serverOptions()
+	l, err := rdmacm.Listen(addr, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -121,7 +122,7 @@ func loopback(ctx context.Context, c config, address string) (*results, error) {
 			served <- err
 			return
 		}
-		served <- echo(ctx, conn)
+		served <- echo(ctx, conn, mem)
 	}()
 	r, err := dialAndMeasure(ctx, c, addr)
 	if serr := <-served; err == nil && serr != nil {
@@ -131,7 +132,8 @@ func loopback(ctx context.Context, c config, address string) (*results, error) {
 }
 
 func serveOne(ctx context.Context, addr string) error {
-	l, err := rdmacm.Listen(addr, serverOptions())
+	opts, mem := serverOptions()
+	l, err := rdmacm.Listen(addr, opts)
 	if err != nil {
 		return err
 	}
@@ -140,35 +142,37 @@ func serveOne(ctx context.Context, addr string) error {
 	if err != nil {
 		return err
 	}
-	return echo(ctx, conn)
+	return echo(ctx, conn, mem)
 }
 
 func capacity() verbs.QPCap {
 	return verbs.QPCap{MaxSendWR: depth * 2, MaxRecvWR: depth, MaxSendSGE: 1, MaxRecvSGE: 1, MaxInlineData: inline}
 }
 
-// The server's memory: a receive buffer, and the window the client WRITEs
-// into. The first receive is posted before the accept.
-var serverMem struct{ recv, window *verbs.MR }
+// serverMemory is a receive buffer, and the window the client WRITEs into.
+type serverMemory struct{ recv, window *verbs.MR }
 
-func serverOptions() *rdmacm.Options {
+// serverOptions register the server's memory and post its first receive
+// before the accept, so that the client may send at once.
+func serverOptions() (*rdmacm.Options, *serverMemory) {
+	mem := &serverMemory{}
 	return &rdmacm.Options{Cap: capacity(), BeforeConnect: func(conn *rdmacm.Conn) error {
 		var err error
-		if serverMem.recv, err = conn.RegisterMemory(maxMsg, verbs.AccessLocalWrite); err != nil {
+		if mem.recv, err = conn.RegisterMemory(maxMsg, verbs.AccessLocalWrite); err != nil {
 			return err
 		}
-		if serverMem.window, err = conn.RegisterMemory(maxMsg, verbs.AccessLocalWrite|verbs.AccessRemoteWrite); err != nil {
+		if mem.window, err = conn.RegisterMemory(maxMsg, verbs.AccessLocalWrite|verbs.AccessRemoteWrite); err != nil {
 			return err
 		}
-		return conn.PostRecv(serverMem.recv, 0, maxMsg)
-	}}
+		return conn.PostRecv(mem.recv, 0, maxMsg)
+	}}, mem
 }
 
 // echo sends the client the window, then returns each message it receives,
 // busy-polling as perftest does, until an empty message says goodbye.
-func echo(ctx context.Context, conn *rdmacm.Conn) error {
+func echo(ctx context.Context, conn *rdmacm.Conn, mem *serverMemory) error {
 	defer conn.Close()
-	recv, window := serverMem.recv, serverMem.window
+	recv, window := mem.recv, mem.window
 	copy(window.Bytes(), rdmacm.RemoteBufferOf(window, 0, maxMsg).Marshal())
 	if err := conn.Send(ctx, window, 0, rdmacm.RemoteBufferSize); err != nil {
 		return err

@@ -2,8 +2,11 @@
 // datagrams (UD) set up through the CM's UDP port space, speaking udaddy's
 // protocol so that either side can be the C tool.
 //
-//	udaddy [-b bind_address] [-p port] [-c connections] [-C count] [-S size]             server
-//	udaddy -s server_address [-b bind_address] [-p port] [-c connections] [-C count] [-S size]  client
+//	udaddy [-b bind_address] [-c connections] [-C count] [-S size]             server
+//	udaddy -s server_address [-b bind_address] [-c connections] [-C count] [-S size]  client
+//
+// As in C udaddy, -p and -P name the port space (UDP is the only one here)
+// and the port is 7174; -port changes it.
 //
 // The client resolves the server, which answers with its QP number and
 // qkey; the client sends count datagrams of size bytes (SEND with

@@ -27,7 +27,19 @@ func parse(args []string, out io.Writer) (config, error) {
 	fs.SetOutput(out)
 	fs.StringVar(&c.server, "s", "", "server address to connect to (none: be the server)")
 	fs.StringVar(&c.bind, "b", "", "address to bind to: the client's source, the server's listening address")
-	fs.IntVar(&c.port, "p", 7174, "port")
+	fs.IntVar(&c.port, "port", 7174, "port (C udaddy always uses 7174)")
+	fs.Func("p", "port space, as C udaddy takes it: 0x111 (UDP) only", func(v string) error {
+		if ps, err := strconv.ParseInt(v, 0, 32); err != nil || ps != int64(rdmacm.PortSpaceUDP) {
+			return fmt.Errorf("port space %s: only UDP (%#x) is supported", v, int(rdmacm.PortSpaceUDP))
+		}
+		return nil
+	})
+	fs.Func("P", "port space by name: udp only", func(v string) error {
+		if v != "udp" {
+			return fmt.Errorf("port space %q: only udp is supported", v)
+		}
+		return nil
+	})
 	fs.IntVar(&c.conns, "c", 1, "number of connections")
 	fs.IntVar(&c.count, "C", 10, "datagrams each way per connection")
 	fs.IntVar(&c.size, "S", 100, "datagram size in bytes (at most the path MTU)")

@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
@@ -16,18 +17,23 @@ import (
 	"github.com/rdmago/rdmago/examples/internal/interop"
 )
 
-// UD exists on RoCE only: these run on rxe.
+// UD exists on RoCE only: these run on rxe. C udaddy has no port option:
+// every test that runs it uses 7174.
+
+func cPort(t *testing.T) netip.AddrPort {
+	return netip.AddrPortFrom(interop.Addr(t, "rxe0").Addr(), 7174)
+}
 
 func TestGoClientCServer(t *testing.T) {
 	interop.CheckNoLeaks(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	addr := interop.Addr(t, "rxe0")
+	addr := cPort(t)
 	a, p := addr.Addr().String(), fmt.Sprint(addr.Port())
-	srv := interop.Start(t, ctx, "udaddy", "-b", a, "-p", p, "-C", "20", "-S", "512")
+	srv := interop.Start(t, ctx, "udaddy", "-b", a, "-C", "20", "-S", "512")
 	srv.WaitListening(t, ctx, addr)
 	var out bytes.Buffer
-	require.NoError(t, run(ctx, []string{"-s", a, "-p", p, "-C", "20", "-S", "512"}, &out), out.String())
+	require.NoError(t, run(ctx, []string{"-s", a, "-port", p, "-C", "20", "-S", "512"}, &out), out.String())
 	assert.Contains(t, out.String(), "data transfers complete")
 	sout, err := srv.Wait()
 	require.NoError(t, err, sout)
@@ -39,12 +45,14 @@ func TestCClientGoServer(t *testing.T) {
 	interop.CheckNoLeaks(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	addr := interop.Addr(t, "rxe0")
+	addr := cPort(t)
 	a, p := addr.Addr().String(), fmt.Sprint(addr.Port())
 	var sout bytes.Buffer
-	srv := interop.Go(func() error { return run(ctx, []string{"-b", a, "-p", p, "-C", "20", "-S", "512"}, &sout) })
+	srv := interop.Go(func() error {
+		return run(ctx, []string{"-b", a, "-port", p, "-P", "udp", "-C", "20", "-S", "512"}, &sout)
+	})
 	srv.WaitListening(t, ctx, addr)
-	cli := interop.Start(t, ctx, "udaddy", "-s", a, "-p", p, "-C", "20", "-S", "512")
+	cli := interop.Start(t, ctx, "udaddy", "-s", a, "-C", "20", "-S", "512")
 	out, err := cli.Wait()
 	require.NoError(t, err, out)
 	assert.Contains(t, out, "data transfers complete")
@@ -59,10 +67,10 @@ func TestGoClientGoServerManyConnections(t *testing.T) {
 	defer cancel()
 	addr := interop.Addr(t, "rxe0")
 	a, p := addr.Addr().String(), fmt.Sprint(addr.Port())
-	srv := interop.Go(func() error { return run(ctx, []string{"-b", a, "-p", p, "-c", "4"}, &bytes.Buffer{}) })
+	srv := interop.Go(func() error { return run(ctx, []string{"-b", a, "-port", p, "-c", "4"}, &bytes.Buffer{}) })
 	srv.WaitListening(t, ctx, addr)
 	var out bytes.Buffer
-	require.NoError(t, run(ctx, []string{"-s", a, "-p", p, "-c", "4"}, &out))
+	require.NoError(t, run(ctx, []string{"-s", a, "-port", p, "-c", "4"}, &out))
 	require.NoError(t, srv.Wait())
 	assert.Contains(t, out.String(), "data transfers complete")
 }
@@ -72,11 +80,11 @@ func TestSizeAboveMTURefused(t *testing.T) {
 	interop.CheckNoLeaks(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	addr := interop.Addr(t, "rxe0")
+	addr := cPort(t)
 	a, p := addr.Addr().String(), fmt.Sprint(addr.Port())
-	srv := interop.Start(t, ctx, "udaddy", "-b", a, "-p", p)
+	srv := interop.Start(t, ctx, "udaddy", "-b", a)
 	srv.WaitListening(t, ctx, addr)
-	err := run(ctx, []string{"-s", a, "-p", p, "-S", "8192"}, &bytes.Buffer{})
+	err := run(ctx, []string{"-s", a, "-port", p, "-S", "8192"}, &bytes.Buffer{})
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "larger than the path MTU")
 }
@@ -87,7 +95,7 @@ func TestRefusedOnIWARP(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	addr := interop.Addr(t, "siw0")
-	err := run(ctx, []string{"-b", addr.Addr().String(), "-p", fmt.Sprint(addr.Port())}, &bytes.Buffer{})
+	err := run(ctx, []string{"-b", addr.Addr().String(), "-port", fmt.Sprint(addr.Port())}, &bytes.Buffer{})
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "iWARP devices have no UD")
 }
@@ -98,6 +106,8 @@ func TestBadArguments(t *testing.T) {
 		"-s 10.0.0.1 -C 0":       "invalid message count",
 		"-s 10.0.0.1 -S 0":       "invalid message size",
 		"-s 10.0.0.1 -b nowhere": "bind address",
+		"-s 10.0.0.1 -p 0x2":     "only UDP",
+		"-s 10.0.0.1 -P ipoib":   "only udp",
 	} {
 		err := run(context.Background(), strings.Fields(args), &bytes.Buffer{})
 		require.Error(t, err, args)

@@ -1,0 +1,403 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/rdmago/rdmago/test/testbed"
+)
+
+type bench struct {
+	bin    string
+	rounds int
+	port   int
+	md     strings.Builder
+}
+
+// Targets from the issue: Go within 5 % of C.
+const (
+	maxSetupRatio   = 1.05
+	maxLatencyRatio = 1.05
+	minBWRatio      = 0.95
+)
+
+func (b *bench) printf(format string, args ...any) { fmt.Fprintf(&b.md, format, args...) }
+
+func (b *bench) nextPort() int {
+	b.port++
+	return 19000 + b.port
+}
+
+func (b *bench) run(ctx context.Context) (string, error) {
+	top, err := testbed.Load()
+	if err != nil {
+		return "", err
+	}
+	uname, _ := exec.Command("uname", "-r").Output()
+	b.printf("# rdmago benchmarks\n\n")
+	b.printf("Measured by `make bench` on %s, guest kernel %s, in one test bed guest (qemu, %s), %d rounds per figure (median).\n",
+		time.Now().UTC().Format("2006-01-02 15:04 UTC"), strings.TrimSpace(string(uname)), accel(), b.rounds)
+	b.printf("The CPU is emulated: compare the ratios, not the absolute figures. Go/C below 1 means Go is faster (setup, latency);\n")
+	b.printf("for bandwidth, above 1 means Go is faster.\n\n")
+	devs := map[string]string{}
+	for _, name := range []string{"rxe0", "siw0"} {
+		d, err := top.Device(name)
+		if err != nil {
+			return "", err
+		}
+		devs[name] = d.IPv4
+	}
+	for _, s := range []struct {
+		name string
+		f    func(context.Context, map[string]string) error
+	}{
+		{"connection setup", b.setup},
+		{"many connections", b.many},
+		{"latency", b.latency},
+		{"bandwidth", b.bandwidth},
+		{"Go benchmarks", b.goBench},
+	} {
+		fmt.Fprintf(os.Stderr, "bench: %s\n", s.name)
+		if err := s.f(ctx, devs); err != nil {
+			return "", fmt.Errorf("%s: %w", s.name, err)
+		}
+	}
+	return b.md.String(), nil
+}
+
+func accel() string {
+	if _, err := os.Stat("/dev/kvm"); err == nil {
+		return "KVM"
+	}
+	return "TCG or KVM"
+}
+
+// server is a tool that serves until stopped.
+type server struct {
+	cmd *exec.Cmd
+	out bytes.Buffer
+}
+
+func (b *bench) startServer(ctx context.Context, listen netip.AddrPort, argv ...string) (*server, error) {
+	s := &server{cmd: exec.CommandContext(ctx, argv[0], argv[1:]...)}
+	s.cmd.Stdout, s.cmd.Stderr = &s.out, &s.out
+	if err := s.cmd.Start(); err != nil {
+		return nil, err
+	}
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := testbed.WaitListening(wctx, listen); err != nil {
+		s.stop()
+		return nil, fmt.Errorf("%v: %w\n%s", argv, err, s.out.String())
+	}
+	return s, nil
+}
+
+// stop ends the server and returns its output.
+func (s *server) stop() string {
+	s.cmd.Process.Signal(os.Interrupt)
+	done := make(chan struct{})
+	go func() { s.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		s.cmd.Process.Kill()
+		<-done
+	}
+	return s.out.String()
+}
+
+// wait waits for a server that ends by itself (perftest's).
+func (s *server) wait() (string, error) {
+	err := s.cmd.Wait()
+	return s.out.String(), err
+}
+
+func run(ctx context.Context, argv ...string) (string, error) {
+	out, err := exec.CommandContext(ctx, argv[0], argv[1:]...).CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("%v: %w\n%s", argv, err, out)
+	}
+	return string(out), nil
+}
+
+func median(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	s := slices.Clone(v)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+func verdict(ok bool) string {
+	if ok {
+		return "met"
+	}
+	return "**missed**"
+}
+
+var cmtimeRow = regexp.MustCompile(`(?m)^([a-z ]+?)\s*:\s+([0-9.]+)\s+([0-9.]+)\s+([0-9.]+)\s+([0-9.]+)$`)
+
+// cmtimeTable parses cmtime's table (C's or ours): step -> us per connection.
+func cmtimeTable(out string) map[string]float64 {
+	rows := map[string]float64{}
+	for _, m := range cmtimeRow.FindAllStringSubmatch(out, -1) {
+		v, _ := strconv.ParseFloat(m[5], 64)
+		rows[m[1]] = v
+	}
+	return rows
+}
+
+var setupSteps = []string{"create id", "resolve addr", "resolve route", "create qp", "connect", "disconnect", "destroy"}
+
+// setup runs C cmtime and ours against the same C cmtime server.
+func (b *bench) setup(ctx context.Context, devs map[string]string) error {
+	b.printf("## Connection setup per step (cmtime)\n\n")
+	b.printf("`examples/cmtime` and rdma-core's `cmtime` as clients of the same C `cmtime` server, alternating, one step at a\n")
+	b.printf("time for all connections. Figures are µs per connection (the step's wall time for all connections / N).\n")
+	b.printf("On siw N is 30: libsiw (rdma-core 44) runs out of queue mappings at about 35 connection ends per process, C\n")
+	b.printf("and Go alike (see rdmacm's docs).\n\n")
+	for _, dev := range []string{"rxe0", "siw0"} {
+		n := 100
+		if dev == "siw0" {
+			n = 30
+		}
+		addr := netip.AddrPortFrom(netip.MustParseAddr(devs[dev]), uint16(b.nextPort()))
+		a, p := addr.Addr().String(), fmt.Sprint(addr.Port())
+		srv, err := b.startServer(ctx, addr, "cmtime", "-b", a, "-p", p)
+		if err != nil {
+			return err
+		}
+		c, g := map[string][]float64{}, map[string][]float64{}
+		for r := 0; r < b.rounds; r++ {
+			for _, tool := range []struct {
+				argv []string
+				into map[string][]float64
+			}{
+				{[]string{"cmtime", "-s", a, "-p", p, "-c", fmt.Sprint(n)}, c},
+				{[]string{filepath.Join(b.bin, "cmtime"), "-s", a, "-p", p, "-c", fmt.Sprint(n)}, g},
+			} {
+				out, err := run(ctx, tool.argv...)
+				if err != nil {
+					srv.stop()
+					return err
+				}
+				rows := cmtimeTable(out)
+				total := 0.0
+				for _, s := range setupSteps {
+					v, ok := rows[s]
+					if !ok {
+						srv.stop()
+						return fmt.Errorf("%v printed no %q row:\n%s", tool.argv, s, out)
+					}
+					tool.into[s] = append(tool.into[s], v)
+					total += v
+				}
+				tool.into["total"] = append(tool.into["total"], total)
+			}
+		}
+		srv.stop()
+		b.printf("### %s, N = %d\n\n| step | C µs/conn | Go µs/conn | Go/C | target ≤ %.2f |\n|---|---:|---:|---:|---|\n", dev, n, maxSetupRatio)
+		for _, s := range append(slices.Clone(setupSteps), "total") {
+			cm, gm := median(c[s]), median(g[s])
+			ratio := gm / cm
+			b.printf("| %s | %.1f | %.1f | %.2f | %s |\n", s, cm, gm, ratio, verdict(ratio <= maxSetupRatio))
+		}
+		b.printf("\n")
+	}
+	return nil
+}
+
+var goProcess = regexp.MustCompile(`go process: (\d+) OS threads created, peak RSS (\d+) kB`)
+
+// many opens 1000 connections at once, C and Go clients of one C server.
+func (b *bench) many(ctx context.Context, devs map[string]string) error {
+	const n = 1000
+	b.printf("## %d concurrent connections (rxe)\n\n", n)
+	addr := netip.AddrPortFrom(netip.MustParseAddr(devs["rxe0"]), uint16(b.nextPort()))
+	a, p := addr.Addr().String(), fmt.Sprint(addr.Port())
+	srv, err := b.startServer(ctx, addr, "cmtime", "-b", a, "-p", p)
+	if err != nil {
+		return err
+	}
+	defer srv.stop()
+	cout, err := run(ctx, "cmtime", "-s", a, "-p", p, "-c", fmt.Sprint(n))
+	if err != nil {
+		return err
+	}
+	gout, err := run(ctx, filepath.Join(b.bin, "cmtime"), "-s", a, "-p", p, "-c", fmt.Sprint(n))
+	if err != nil {
+		return err
+	}
+	sum := func(rows map[string]float64) float64 {
+		t := 0.0
+		for _, s := range setupSteps {
+			t += rows[s]
+		}
+		return t * n / 1000 // µs per connection -> ms for all
+	}
+	m := goProcess.FindStringSubmatch(gout)
+	if m == nil {
+		return fmt.Errorf("our cmtime printed no process figures:\n%s", gout)
+	}
+	rss, _ := strconv.Atoi(m[2])
+	b.printf("Every connection set up, then all torn down (cmtime's steps, one round).\n\n")
+	b.printf("| | C `cmtime` | Go `examples/cmtime` |\n|---|---:|---:|\n")
+	b.printf("| time, all steps | %.0f ms | %.0f ms |\n", sum(cmtimeTable(cout)), sum(cmtimeTable(gout)))
+	b.printf("| OS threads created | – | %s |\n", m[1])
+	b.printf("| peak resident memory | – | %.1f MiB |\n\n", float64(rss)/1024)
+	return nil
+}
+
+type goResult struct {
+	Latency []struct {
+		Size  int     `json:"size"`
+		P50us float64 `json:"p50_us"`
+	} `json:"latency"`
+	BWSize  int     `json:"bw_size"`
+	BWIters int     `json:"bw_iters"`
+	MBps    float64 `json:"bw_MBps"`
+}
+
+// pingpong runs our client against our server on addr.
+func (b *bench) pingpong(ctx context.Context, addr netip.AddrPort, args ...string) (goResult, error) {
+	var r goResult
+	srv, err := b.startServer(ctx, addr, filepath.Join(b.bin, "pingpong"), "-listen", addr.String())
+	if err != nil {
+		return r, err
+	}
+	out, err := run(ctx, append([]string{filepath.Join(b.bin, "pingpong"), "-connect", addr.String(), "-json"}, args...)...)
+	if err != nil {
+		srv.stop()
+		return r, err
+	}
+	if _, err := srv.wait(); err != nil {
+		return r, fmt.Errorf("pingpong server: %w", err)
+	}
+	return r, json.Unmarshal([]byte(out), &r)
+}
+
+// perftest runs a perftest tool's server and client over rdma_cm and
+// returns the client's result line split into fields.
+func (b *bench) perftest(ctx context.Context, dev string, addr netip.AddrPort, tool string, size, iters int) ([]string, error) {
+	args := []string{"-R", "-F", "-d", dev, "-s", fmt.Sprint(size), "-n", fmt.Sprint(iters), "-p", fmt.Sprint(addr.Port())}
+	any := netip.AddrPortFrom(netip.IPv4Unspecified(), addr.Port())
+	srv, err := b.startServer(ctx, any, append([]string{tool}, args...)...)
+	if err != nil {
+		return nil, err
+	}
+	out, err := run(ctx, append(append([]string{tool}, args...), addr.Addr().String())...)
+	sout, serr := srv.wait()
+	if err != nil {
+		return nil, err
+	}
+	if serr != nil {
+		return nil, fmt.Errorf("%s server: %w\n%s", tool, serr, sout)
+	}
+	for _, l := range strings.Split(out, "\n") {
+		f := strings.Fields(l)
+		if len(f) >= 5 && f[0] == fmt.Sprint(size) {
+			return f, nil
+		}
+	}
+	return nil, fmt.Errorf("%s printed no result for %d bytes:\n%s", tool, size, out)
+}
+
+func (b *bench) latency(ctx context.Context, devs map[string]string) error {
+	const iters = 5000
+	b.printf("## Send/receive latency (half round trip, median)\n\n")
+	b.printf("`examples/pingpong` (busy-polling client and server processes) vs `ib_send_lat -R`, %d iterations.\n\n", iters)
+	b.printf("| device | size | C µs | Go µs | Go/C | target ≤ %.2f |\n|---|---|---:|---:|---:|---|\n", maxLatencyRatio)
+	for _, dev := range []string{"rxe0", "siw0"} {
+		for _, size := range []int{64, 4096} {
+			var c, g []float64
+			for r := 0; r < b.rounds; r++ {
+				addr := netip.AddrPortFrom(netip.MustParseAddr(devs[dev]), uint16(b.nextPort()))
+				f, err := b.perftest(ctx, dev, addr, "ib_send_lat", size, iters)
+				if err != nil {
+					return err
+				}
+				typical, err := strconv.ParseFloat(f[4], 64) // #bytes #iterations t_min t_max t_typical
+				if err != nil {
+					return fmt.Errorf("ib_send_lat t_typical %q: %w", f[4], err)
+				}
+				c = append(c, typical)
+				addr = netip.AddrPortFrom(addr.Addr(), uint16(b.nextPort()))
+				gr, err := b.pingpong(ctx, addr, "-sizes", fmt.Sprint(size), "-n", fmt.Sprint(iters), "-bw-n", "16")
+				if err != nil {
+					return err
+				}
+				g = append(g, gr.Latency[0].P50us)
+			}
+			cm, gm := median(c), median(g)
+			b.printf("| %s | %d B | %.1f | %.1f | %.2f | %s |\n", dev, size, cm, gm, gm/cm, verdict(gm/cm <= maxLatencyRatio))
+		}
+	}
+	b.printf("\n")
+	return nil
+}
+
+func (b *bench) bandwidth(ctx context.Context, devs map[string]string) error {
+	const size, iters = 65536, 1000
+	b.printf("## RDMA WRITE bandwidth, 64 KiB messages\n\n")
+	b.printf("`examples/pingpong` (16 writes in flight) vs `ib_write_bw -R`, %d writes. MB as perftest counts them (its unit is\n", iters)
+	b.printf("derived from its own message rate, so both columns use the same one).\n\n")
+	b.printf("| device | C MB/s | Go MB/s | Go/C | target ≥ %.2f |\n|---|---:|---:|---:|---|\n", minBWRatio)
+	for _, dev := range []string{"rxe0", "siw0"} {
+		var c, g []float64
+		for r := 0; r < b.rounds; r++ {
+			addr := netip.AddrPortFrom(netip.MustParseAddr(devs[dev]), uint16(b.nextPort()))
+			f, err := b.perftest(ctx, dev, addr, "ib_write_bw", size, iters)
+			if err != nil {
+				return err
+			}
+			// #bytes #iterations BW_peak BW_average MsgRate[Mpps]
+			bw, err1 := strconv.ParseFloat(f[3], 64)
+			rate, err2 := strconv.ParseFloat(f[4], 64)
+			if err1 != nil || err2 != nil || bw == 0 {
+				return fmt.Errorf("ib_write_bw result %q", f)
+			}
+			unit := rate * 1e6 * size / bw // bytes per perftest "MB"
+			c = append(c, bw)
+			addr = netip.AddrPortFrom(addr.Addr(), uint16(b.nextPort()))
+			gr, err := b.pingpong(ctx, addr, "-sizes", "64", "-n", "10", "-bw-n", fmt.Sprint(iters), "-bw-size", fmt.Sprint(size))
+			if err != nil {
+				return err
+			}
+			g = append(g, gr.MBps*1e6/unit)
+		}
+		cm, gm := median(c), median(g)
+		b.printf("| %s | %.1f | %.1f | %.2f | %s |\n", dev, cm, gm, gm/cm, verdict(gm/cm >= minBWRatio))
+	}
+	b.printf("\n")
+	return nil
+}
+
+// goBench runs rdmacm's testing.B benchmarks (hot paths, cgo crossings).
+func (b *bench) goBench(ctx context.Context, _ map[string]string) error {
+	out, err := run(ctx, filepath.Join(b.bin, "rdmacm.bench.test"), "-test.run", "^$", "-test.bench", ".", "-test.benchtime", "2000x")
+	if err != nil {
+		return err
+	}
+	b.printf("## Hot paths (Go benchmarks on rxe, `rdmacm/bench_integration_test.go`)\n\n")
+	b.printf("cgo crossings are counted with runtime.NumCgoCall: one per posted batch of 16 work requests, one per poll batch.\n\n```\n")
+	for _, l := range strings.Split(out, "\n") {
+		if strings.HasPrefix(l, "Benchmark") {
+			b.printf("%s\n", l)
+		}
+	}
+	b.printf("```\n")
+	return nil
+}

@@ -1,0 +1,88 @@
+//go:build integration
+
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/rdmago/rdmago/examples/internal/interop"
+	"github.com/rdmago/rdmago/test/testbed"
+)
+
+func TestDemoOnEachDevice(t *testing.T) {
+	interop.CheckNoLeaks(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	top := testbed.Require(t)
+	var addrs []string
+	for _, d := range interop.Devices {
+		addrs = append(addrs, top.MustDevice(t, d).IPv4)
+	}
+	var out bytes.Buffer
+	require.NoError(t, run(ctx, append([]string{"-n", "200", "-bw-n", "100"}, addrs...), &out))
+	s := out.String()
+	t.Log("\n" + s)
+	for _, d := range interop.Devices {
+		assert.Contains(t, s, "on "+d+" port 1")
+	}
+	assert.Equal(t, 2, strings.Count(s, "64 B "), s)
+	assert.Equal(t, 2, strings.Count(s, "4 KiB "), s)
+	assert.Equal(t, 2, strings.Count(s, "MB/s"), s)
+}
+
+// The two ends as separate roles, with the client's results as JSON.
+func TestListenConnectJSON(t *testing.T) {
+	interop.CheckNoLeaks(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	addr := interop.Addr(t, "siw0")
+	srv := interop.Go(func() error { return run(ctx, []string{"-listen", addr.String()}, &bytes.Buffer{}) })
+	srv.WaitListening(t, ctx, addr)
+	var out bytes.Buffer
+	require.NoError(t, run(ctx, []string{"-connect", addr.String(), "-json", "-sizes", "8,1000", "-n", "100", "-bw-n", "50", "-bw-size", "4096"}, &out))
+	require.NoError(t, srv.Wait())
+	var r results
+	require.NoError(t, json.Unmarshal(out.Bytes(), &r))
+	assert.Equal(t, "siw0", r.Device)
+	require.Len(t, r.Latency, 2)
+	assert.Equal(t, []int{8, 1000}, []int{r.Latency[0].Size, r.Latency[1].Size})
+	for _, l := range r.Latency {
+		assert.Greater(t, l.P50us, 0.0)
+		assert.LessOrEqual(t, l.P50us, l.P99us)
+	}
+	assert.Greater(t, r.MBps, 0.0)
+	assert.Equal(t, 4096, r.BWSize)
+}
+
+func TestNothingListening(t *testing.T) {
+	interop.CheckNoLeaks(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	addr := interop.Addr(t, "rxe0")
+	err := run(ctx, []string{"-connect", netip.AddrPortFrom(addr.Addr(), addr.Port()).String()}, &bytes.Buffer{})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "rejected")
+}
+
+func TestBadArguments(t *testing.T) {
+	for args, want := range map[string]string{
+		"":                                "give addresses",
+		"-listen 10.0.0.1:1 10.0.0.2":     "give addresses",
+		"-connect 10.0.0.1:1 -n 0":        "iterations must be positive",
+		"-connect 10.0.0.1:1 -sizes 0":    "message size",
+		"-connect 10.0.0.1:1 -bw-size -1": "-bw-size",
+	} {
+		err := run(context.Background(), strings.Fields(args), &bytes.Buffer{})
+		require.Error(t, err, args)
+		assert.Contains(t, err.Error(), want, args)
+	}
+}
