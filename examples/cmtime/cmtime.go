@@ -36,7 +36,7 @@ func parse(args []string, out io.Writer) (config, error) {
 	fs.IntVar(&c.port, "p", 7471, "port")
 	fs.IntVar(&c.conns, "c", 100, "client: number of connections")
 	fs.IntVar(&c.retries, "r", 2, "client: retries of address and route resolution")
-	fs.IntVar(&c.timeout, "t", 2000, "client: timeout of each step in milliseconds")
+	fs.IntVar(&c.timeout, "t", 2000, "client: timeout of address and route resolution in milliseconds")
 	fs.BoolVar(&c.manual, "q", false, "client: move the QPs with rdmago's manual mode (InfiniBand and RoCE only)")
 	if err := fs.Parse(args); err != nil {
 		return c, err
@@ -224,8 +224,12 @@ func connectAll(ctx context.Context, c config) (*result, error) {
 		r.nodes[i] = n
 		o := options(c)
 		o.Source = src
+		// As in C cmtime, -t bounds address and route resolution; the
+		// connect waits as long as the CM itself keeps trying, which a
+		// server working through a thousand requests needs.
 		step := time.Duration(c.timeout) * time.Millisecond
-		o.ResolveAddrTimeout, o.ResolveRouteTimeout, o.ConnectTimeout, o.CloseTimeout = step, step, step, step
+		o.ResolveAddrTimeout, o.ResolveRouteTimeout = step, step
+		o.ConnectTimeout, o.CloseTimeout = time.Minute, time.Minute
 		o.ResolveRetries = c.retries
 		if c.retries == 0 {
 			o.ResolveRetries = -1

@@ -249,6 +249,7 @@ type results struct {
 	Path      rdmacm.Path   `json:"-"`
 	Device    string        `json:"device"`
 	Transport string        `json:"transport"`
+	GIDIndex  int           `json:"gid_index"` // -1 on iWARP
 	Setup     time.Duration `json:"setup_ns"`
 	Latency   []latencyRow  `json:"latency"`
 	BWSize    int           `json:"bw_size"`
@@ -279,7 +280,7 @@ func dialAndMeasure(ctx context.Context, c config, addr string) (*results, error
 		return nil, err
 	}
 	defer conn.Close()
-	r := &results{Path: conn.Path(), Device: conn.Path().Device, Transport: conn.Path().Transport.String(),
+	r := &results{Path: conn.Path(), Device: conn.Path().Device, Transport: conn.Path().Transport.String(), GIDIndex: conn.Path().GIDIndex,
 		Setup: time.Since(start), BWSize: c.bwSize, BWIters: c.bwIters}
 	send, err := conn.RegisterMemory(maxMsg, verbs.AccessLocalWrite)
 	if err != nil {
