@@ -134,9 +134,8 @@ type barrier struct {
 	mu      sync.Mutex
 	cond    *sync.Cond
 	parties int
-	arrived []int       // per sequence number
-	last    []time.Time // when the last party arrived
-	release time.Time   // when the previous step let go
+	arrived []int     // per sequence number
+	release time.Time // when the previous step let go
 	walls   []time.Duration
 	steps   []rdmacm.Step
 }
