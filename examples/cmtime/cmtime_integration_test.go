@@ -123,14 +123,10 @@ func TestNoServer(t *testing.T) {
 }
 
 func TestBadArguments(t *testing.T) {
-	for args, want := range map[string]string{
+	interop.BadArguments(t, run, map[string]string{
 		"-s 10.0.0.1 -c 0":       "invalid number of connections",
 		"-s 10.0.0.1 -p 0":       "invalid port",
 		"-s 10.0.0.1 -t 0":       "invalid timeout",
 		"-s 10.0.0.1 -b nowhere": "bind address",
-	} {
-		err := run(context.Background(), strings.Fields(args), &bytes.Buffer{})
-		require.Error(t, err, args)
-		assert.Contains(t, err.Error(), want, args)
-	}
+	})
 }

@@ -74,15 +74,11 @@ func TestNothingListening(t *testing.T) {
 }
 
 func TestBadArguments(t *testing.T) {
-	for args, want := range map[string]string{
+	interop.BadArguments(t, run, map[string]string{
 		"":                                "give addresses",
 		"-listen 10.0.0.1:1 10.0.0.2":     "give addresses",
 		"-connect 10.0.0.1:1 -n 0":        "iterations must be positive",
 		"-connect 10.0.0.1:1 -sizes 0":    "message size",
 		"-connect 10.0.0.1:1 -bw-size -1": "-bw-size",
-	} {
-		err := run(context.Background(), strings.Fields(args), &bytes.Buffer{})
-		require.Error(t, err, args)
-		assert.Contains(t, err.Error(), want, args)
-	}
+	})
 }

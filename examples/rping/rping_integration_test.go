@@ -6,7 +6,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"strings"
 	"testing"
 	"time"
 
@@ -145,16 +144,12 @@ func TestManualRefusedOnIWARP(t *testing.T) {
 }
 
 func TestBadArguments(t *testing.T) {
-	for args, want := range map[string]string{
+	interop.BadArguments(t, run, map[string]string{
 		"-c":                        "needs the server's address",
 		"-s -c -a 10.0.0.1":         "say -s (server) or -c (client)",
 		"-c -a 10.0.0.1 -S 10":      "invalid size 10",
 		"-c -a 10.0.0.1 -C -1":      "invalid count",
 		"-c -a 10.0.0.1 -p 70000":   "invalid port",
 		"-c -a 10.0.0.1 -I nowhere": "source address",
-	} {
-		err := run(context.Background(), strings.Fields(args), &bytes.Buffer{})
-		require.Error(t, err, args)
-		assert.Contains(t, err.Error(), want, args)
-	}
+	})
 }

@@ -7,7 +7,6 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
-	"strings"
 	"testing"
 	"time"
 
@@ -101,16 +100,12 @@ func TestRefusedOnIWARP(t *testing.T) {
 }
 
 func TestBadArguments(t *testing.T) {
-	for args, want := range map[string]string{
+	interop.BadArguments(t, run, map[string]string{
 		"-s 10.0.0.1 -c 0":       "invalid number of connections",
 		"-s 10.0.0.1 -C 0":       "invalid message count",
 		"-s 10.0.0.1 -S 0":       "invalid message size",
 		"-s 10.0.0.1 -b nowhere": "bind address",
 		"-s 10.0.0.1 -p 0x2":     "only UDP",
 		"-s 10.0.0.1 -P ipoib":   "only udp",
-	} {
-		err := run(context.Background(), strings.Fields(args), &bytes.Buffer{})
-		require.Error(t, err, args)
-		assert.Contains(t, err.Error(), want, args)
-	}
+	})
 }

@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -227,4 +228,21 @@ func rdmaObjects(t testing.TB) string {
 		fmt.Fprintf(&b, "%s=%d ", kind, strings.Count(string(out), pid))
 	}
 	return b.String()
+}
+
+// Run is an example's entry point: flags in, output to out.
+type Run func(ctx context.Context, args []string, out io.Writer) error
+
+// BadArguments checks that each argument line is refused with an error
+// containing its expected text, before anything touches a device.
+func BadArguments(t *testing.T, run Run, cases map[string]string) {
+	t.Helper()
+	for args, want := range cases {
+		err := run(context.Background(), strings.Fields(args), io.Discard)
+		if err == nil {
+			t.Errorf("%q: accepted", args)
+		} else if !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: error %q does not say %q", args, err, want)
+		}
+	}
 }
