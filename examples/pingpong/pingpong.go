@@ -191,8 +191,12 @@ func echo(ctx context.Context, conn *rdmacm.Conn, mem *serverMemory) error {
 			return err
 		}
 		if n == 0 {
-			<-conn.Done() // the client closes
-			return nil
+			select { // the client closes
+			case <-conn.Done():
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			}
 		}
 	}
 }
