@@ -280,7 +280,14 @@ func (e *endpoint) move(to verbs.QPState, peerMTU verbs.MTU) error {
 	if err := qp.Modify(&attr, mask); err != nil {
 		return e.fail(step, nil, err)
 	}
-	e.o.trace(map[verbs.QPState]Step{verbs.QPStateInit: StepInitQP, verbs.QPStateRTR: StepRTRQP, verbs.QPStateRTS: StepRTSQP}[to], start)
+	switch to {
+	case verbs.QPStateInit:
+		e.o.trace(StepInitQP, start)
+	case verbs.QPStateRTR:
+		e.o.trace(StepRTRQP, start)
+	case verbs.QPStateRTS:
+		e.o.trace(StepRTSQP, start)
+	}
 	return nil
 }
 
