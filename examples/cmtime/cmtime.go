@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -16,6 +17,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/rdmago/rdmago/examples/internal/profile"
 	"github.com/rdmago/rdmago/rdmacm"
 	"github.com/rdmago/rdmago/verbs"
 )
@@ -25,6 +27,7 @@ type config struct {
 	port, conns      int
 	retries, timeout int
 	manual           bool
+	cpuprofile       *string
 }
 
 func parse(args []string, out io.Writer) (config, error) {
@@ -38,6 +41,7 @@ func parse(args []string, out io.Writer) (config, error) {
 	fs.IntVar(&c.retries, "r", 2, "client: retries of address and route resolution")
 	fs.IntVar(&c.timeout, "t", 2000, "client: timeout of address and route resolution in milliseconds")
 	fs.BoolVar(&c.manual, "q", false, "client: move the QPs with rdmago's manual mode (InfiniBand and RoCE only)")
+	c.cpuprofile = profile.Flag(fs)
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}
@@ -56,11 +60,16 @@ func parse(args []string, out io.Writer) (config, error) {
 	return c, nil
 }
 
-func run(ctx context.Context, args []string, out io.Writer) error {
+func run(ctx context.Context, args []string, out io.Writer) (err error) {
 	c, err := parse(args, out)
 	if err != nil {
 		return err
 	}
+	stop, err := profile.Start(*c.cpuprofile)
+	if err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, stop()) }()
 	if c.server == "" {
 		return serve(ctx, c, out)
 	}

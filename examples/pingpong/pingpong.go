@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/rdmago/rdmago/examples/internal/profile"
 	"github.com/rdmago/rdmago/rdmacm"
 	"github.com/rdmago/rdmago/verbs"
 )
@@ -21,7 +22,12 @@ const (
 	defaultPort = 18515 // perftest's
 	maxMsg      = 64 * 1024
 	inline      = 64 // bytes sent inline: no DMA read of the buffer, as perftest does for small messages
-	depth       = 16 // RDMA WRITEs in flight
+	// As perftest does: receives stay posted ahead (rxDepth of them),
+	// sends are signaled only every signalEvery-th (a completion retires
+	// every send before it), and bwDepth RDMA WRITEs are kept in flight.
+	rxDepth     = 16
+	signalEvery = 16
+	bwDepth     = 128
 )
 
 type config struct {
@@ -31,6 +37,7 @@ type config struct {
 	sizes           []int
 	bwSize          int
 	json            bool
+	cpuprofile      *string
 }
 
 func parse(args []string, out io.Writer) (config, error) {
@@ -54,6 +61,7 @@ func parse(args []string, out io.Writer) (config, error) {
 		return nil
 	})
 	fs.BoolVar(&c.json, "json", false, "print the client's results as JSON")
+	c.cpuprofile = profile.Flag(fs)
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}
@@ -75,11 +83,16 @@ func parse(args []string, out io.Writer) (config, error) {
 	return c, nil
 }
 
-func run(ctx context.Context, args []string, out io.Writer) error {
+func run(ctx context.Context, args []string, out io.Writer) (err error) {
 	c, err := parse(args, out)
 	if err != nil {
 		return err
 	}
+	stop, err := profile.Start(*c.cpuprofile)
+	if err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, stop()) }()
 	switch {
 	case c.listen != "":
 		return serveOne(ctx, c.listen)
@@ -145,34 +158,72 @@ func serveOne(ctx context.Context, addr string) error {
 	return echo(ctx, conn, mem)
 }
 
+// capacity leaves room for the unsignaled sends of the latency test that
+// no completion has retired yet when the bandwidth test starts.
 func capacity() verbs.QPCap {
-	return verbs.QPCap{MaxSendWR: depth * 2, MaxRecvWR: depth, MaxSendSGE: 1, MaxRecvSGE: 1, MaxInlineData: inline}
+	return verbs.QPCap{MaxSendWR: bwDepth + signalEvery, MaxRecvWR: rxDepth, MaxSendSGE: 1, MaxRecvSGE: 1, MaxInlineData: inline}
 }
 
-// serverMemory is a receive buffer, and the window the client WRITEs into.
-type serverMemory struct{ recv, window *verbs.MR }
+// receives is a registered buffer of rxDepth slots, each with a receive
+// posted; a completion's ID is its slot.
+type receives struct{ mr *verbs.MR }
 
-// serverOptions register the server's memory and post its first receive
-// before the accept, so that the client may send at once.
+// postReceives registers the slots and posts a receive on each. It runs in
+// BeforeConnect, so that the peer may send the moment it is connected.
+func postReceives(conn *rdmacm.Conn) (*receives, error) {
+	mr, err := conn.RegisterMemory(rxDepth*maxMsg, verbs.AccessLocalWrite)
+	if err != nil {
+		return nil, err
+	}
+	r := &receives{mr: mr}
+	wrs := make([]verbs.RecvWR, rxDepth)
+	for i := range wrs {
+		wrs[i] = r.wr(i)
+	}
+	return r, conn.QP.PostRecv(wrs...)
+}
+
+func (r *receives) wr(slot int) verbs.RecvWR {
+	return verbs.RecvWR{ID: uint64(slot), SGEs: []verbs.SGE{r.mr.SGE(slot*maxMsg, maxMsg)}}
+}
+
+// slot is the buffer of a receive completion.
+func (r *receives) slot(wc verbs.WorkCompletion) []byte {
+	off := int(wc.ID) * maxMsg
+	return r.mr.Bytes()[off : off+int(wc.ByteLen)]
+}
+
+// repost gives the slot of a completed receive back to the QP.
+func (r *receives) repost(qp *verbs.QP, wc verbs.WorkCompletion) error {
+	return qp.PostRecv(r.wr(int(wc.ID)))
+}
+
+// serverMemory is the receive slots, and the window the client WRITEs into.
+type serverMemory struct {
+	recv   *receives
+	window *verbs.MR
+}
+
+// serverOptions register the server's memory and post its receives before
+// the accept, so that the client may send at once.
 func serverOptions() (*rdmacm.Options, *serverMemory) {
 	mem := &serverMemory{}
 	return &rdmacm.Options{Cap: capacity(), BeforeConnect: func(conn *rdmacm.Conn) error {
 		var err error
-		if mem.recv, err = conn.RegisterMemory(maxMsg, verbs.AccessLocalWrite); err != nil {
-			return err
-		}
 		if mem.window, err = conn.RegisterMemory(maxMsg, verbs.AccessLocalWrite|verbs.AccessRemoteWrite); err != nil {
 			return err
 		}
-		return conn.PostRecv(mem.recv, 0, maxMsg)
+		mem.recv, err = postReceives(conn)
+		return err
 	}}, mem
 }
 
-// echo sends the client the window, then returns each message it receives,
-// busy-polling as perftest does, until an empty message says goodbye.
+// echo sends the client the window, then returns each message it receives
+// from the slot it landed in, busy-polling as perftest does, until an
+// empty message says goodbye.
 func echo(ctx context.Context, conn *rdmacm.Conn, mem *serverMemory) error {
 	defer conn.Close()
-	recv, window := mem.recv, mem.window
+	window := mem.window
 	copy(window.Bytes(), rdmacm.RemoteBufferOf(window, 0, maxMsg).Marshal())
 	if err := conn.Send(ctx, window, 0, rdmacm.RemoteBufferSize); err != nil {
 		return err
@@ -184,10 +235,10 @@ func echo(ctx context.Context, conn *rdmacm.Conn, mem *serverMemory) error {
 			return err
 		}
 		n := int(wc.ByteLen)
-		if err := conn.QP.PostRecv(verbs.RecvWR{SGEs: []verbs.SGE{recv.SGE(0, maxMsg)}}); err != nil {
+		if err := p.send(ctx, mem.recv.mr, int(wc.ID)*maxMsg, n); err != nil {
 			return err
 		}
-		if err := p.send(ctx, recv, n); err != nil {
+		if err := mem.recv.repost(conn.QP, wc); err != nil {
 			return err
 		}
 		if n == 0 {
@@ -203,8 +254,9 @@ func echo(ctx context.Context, conn *rdmacm.Conn, mem *serverMemory) error {
 
 // poller busy-polls a connection's CQs.
 type poller struct {
-	conn *rdmacm.Conn
-	wc   [depth]verbs.WorkCompletion
+	conn  *rdmacm.Conn
+	wc    [signalEvery]verbs.WorkCompletion
+	sends int // posted, to signal every signalEvery-th
 }
 
 // next busy-polls cq for one completion. Every 4096 empty polls it checks
@@ -233,17 +285,27 @@ func (p *poller) next(ctx context.Context, cq *verbs.CQ) (verbs.WorkCompletion, 
 	}
 }
 
-// send posts n bytes of mr (inline when small) and waits for its completion.
-func (p *poller) send(ctx context.Context, mr *verbs.MR, n int) error {
-	wr := verbs.SendWR{Opcode: verbs.OpSend, Flags: verbs.SendSignaled, SGEs: []verbs.SGE{mr.SGE(0, n)}}
+// send posts n bytes of mr from off (inline when small). Every
+// signalEvery-th send, and the empty goodbye, is signaled and waited for;
+// its completion frees the send queue of the unsignaled ones before it.
+func (p *poller) send(ctx context.Context, mr *verbs.MR, off, n int) error {
+	wr := verbs.SendWR{Opcode: verbs.OpSend, SGEs: []verbs.SGE{mr.SGE(off, n)}}
 	if n <= inline {
 		wr.Flags |= verbs.SendInline
 	}
 	if n == 0 {
 		wr.SGEs = nil
 	}
+	p.sends++
+	signaled := p.sends%signalEvery == 0 || n == 0
+	if signaled {
+		wr.Flags |= verbs.SendSignaled
+	}
 	if err := p.conn.QP.PostSend(wr); err != nil {
 		return err
+	}
+	if !signaled {
+		return nil
 	}
 	_, err := p.next(ctx, p.conn.SendCQ)
 	return err
@@ -270,13 +332,11 @@ type latencyRow struct {
 }
 
 func dialAndMeasure(ctx context.Context, c config, addr string) (*results, error) {
-	var recv *verbs.MR
+	var recv *receives
 	opts := &rdmacm.Options{Cap: capacity(), BeforeConnect: func(conn *rdmacm.Conn) error {
 		var err error
-		if recv, err = conn.RegisterMemory(maxMsg, verbs.AccessLocalWrite); err != nil {
-			return err
-		}
-		return conn.PostRecv(recv, 0, maxMsg) // for the server's window
+		recv, err = postReceives(conn) // the first takes the server's window
+		return err
 	}}
 	start := time.Now()
 	conn, err := rdmacm.Dial(ctx, addr, opts)
@@ -291,11 +351,15 @@ func dialAndMeasure(ctx context.Context, c config, addr string) (*results, error
 		return nil, err
 	}
 	p := poller{conn: conn}
-	if _, err := p.next(ctx, conn.RecvCQ); err != nil {
+	wc, err := p.next(ctx, conn.RecvCQ)
+	if err != nil {
 		return nil, fmt.Errorf("waiting for the server's window: %w", err)
 	}
-	window, err := rdmacm.ParseRemoteBuffer(recv.Bytes())
+	window, err := rdmacm.ParseRemoteBuffer(recv.slot(wc))
 	if err != nil {
+		return nil, err
+	}
+	if err := recv.repost(conn.QP, wc); err != nil {
 		return nil, err
 	}
 	for _, size := range c.sizes {
@@ -309,10 +373,7 @@ func dialAndMeasure(ctx context.Context, c config, addr string) (*results, error
 		return nil, fmt.Errorf("bandwidth: %w", err)
 	}
 	// Goodbye: an empty message, echoed.
-	if err := conn.QP.PostRecv(verbs.RecvWR{SGEs: []verbs.SGE{recv.SGE(0, maxMsg)}}); err != nil {
-		return nil, err
-	}
-	if err := p.send(ctx, send, 0); err != nil {
+	if err := p.send(ctx, send, 0, 0); err != nil {
 		return nil, err
 	}
 	if _, err := p.next(ctx, conn.RecvCQ); err != nil {
@@ -322,26 +383,28 @@ func dialAndMeasure(ctx context.Context, c config, addr string) (*results, error
 }
 
 // measureLatency times iters round trips of size bytes, after a warm-up.
-func measureLatency(ctx context.Context, p *poller, send, recv *verbs.MR, size, iters int) (latencyRow, error) {
+// A round trip is the send, the echo's arrival and its slot's repost, as
+// perftest times it.
+func measureLatency(ctx context.Context, p *poller, send *verbs.MR, recv *receives, size, iters int) (latencyRow, error) {
 	const warmUp = 100
 	rtts := make([]time.Duration, 0, iters)
 	for i := 0; i < warmUp+iters; i++ {
-		if err := p.conn.QP.PostRecv(verbs.RecvWR{SGEs: []verbs.SGE{recv.SGE(0, maxMsg)}}); err != nil {
-			return latencyRow{}, err
-		}
 		start := time.Now()
-		if err := p.send(ctx, send, size); err != nil {
+		if err := p.send(ctx, send, 0, size); err != nil {
 			return latencyRow{}, err
 		}
 		wc, err := p.next(ctx, p.conn.RecvCQ)
 		if err != nil {
 			return latencyRow{}, err
 		}
-		if int(wc.ByteLen) != size {
-			return latencyRow{}, fmt.Errorf("the echo is %d bytes, want %d", wc.ByteLen, size)
+		if err := recv.repost(p.conn.QP, wc); err != nil {
+			return latencyRow{}, err
 		}
 		if i >= warmUp {
 			rtts = append(rtts, time.Since(start))
+		}
+		if int(wc.ByteLen) != size {
+			return latencyRow{}, fmt.Errorf("the echo is %d bytes, want %d", wc.ByteLen, size)
 		}
 	}
 	slices.Sort(rtts)
@@ -351,19 +414,26 @@ func measureLatency(ctx context.Context, p *poller, send, recv *verbs.MR, size, 
 	return latencyRow{Size: size, P50us: half(0.5), P90us: half(0.9), P99us: half(0.99), MaxUs: half(1)}, nil
 }
 
-// measureBandwidth keeps depth RDMA WRITEs of size bytes in flight until
-// iters completed, and returns MB/s (10^6 bytes).
+// measureBandwidth keeps up to bwDepth RDMA WRITEs of size bytes in flight
+// until iters completed, and returns MB/s (10^6 bytes). WRITEs go out in
+// batches of signalEvery, one crossing into C each; only a batch's last is
+// signaled, and its ID counts the WRITEs posted up to it.
 func measureBandwidth(ctx context.Context, p *poller, src *verbs.MR, window rdmacm.RemoteBuffer, size, iters int) (float64, error) {
-	wr := verbs.SendWR{Opcode: verbs.OpRDMAWrite, Flags: verbs.SendSignaled, SGEs: []verbs.SGE{src.SGE(0, size)},
-		RemoteAddr: window.Addr, RKey: window.RKey}
+	wr := verbs.SendWR{Opcode: verbs.OpRDMAWrite, SGEs: []verbs.SGE{src.SGE(0, size)}, RemoteAddr: window.Addr, RKey: window.RKey}
+	batch := make([]verbs.SendWR, signalEvery)
 	posted, done := 0, 0
 	start := time.Now()
 	for done < iters {
-		for posted < iters && posted-done < depth {
-			if err := p.conn.QP.PostSend(wr); err != nil {
+		for posted < iters && posted-done+signalEvery <= bwDepth {
+			k := min(signalEvery, iters-posted)
+			for j := range k {
+				batch[j] = wr
+			}
+			posted += k
+			batch[k-1].Flags, batch[k-1].ID = verbs.SendSignaled, uint64(posted)
+			if err := p.conn.QP.PostSend(batch[:k]...); err != nil {
 				return 0, err
 			}
-			posted++
 		}
 		n, err := p.conn.SendCQ.Poll(p.wc[:])
 		if err != nil {
@@ -373,8 +443,8 @@ func measureBandwidth(ctx context.Context, p *poller, src *verbs.MR, window rdma
 			if wc.Status != verbs.WCSuccess {
 				return 0, &rdmacm.CompletionError{Status: wc.Status, Vendor: wc.VendorErr}
 			}
+			done = max(done, int(wc.ID))
 		}
-		done += n
 		if n == 0 && ctx.Err() != nil {
 			return 0, ctx.Err()
 		}
@@ -392,7 +462,7 @@ func report(out io.Writer, c config, r *results) error {
 	for _, l := range r.Latency {
 		fmt.Fprintf(out, "    %-8s %21.1f µs %6.1f µs %6.1f µs %6.1f µs\n", sizeName(l.Size), l.P50us, l.P90us, l.P99us, l.MaxUs)
 	}
-	fmt.Fprintf(out, "  bandwidth, %d RDMA WRITEs of %s, %d in flight: %.1f MB/s\n", r.BWIters, sizeName(r.BWSize), depth, r.MBps)
+	fmt.Fprintf(out, "  bandwidth, %d RDMA WRITEs of %s, %d in flight: %.1f MB/s\n", r.BWIters, sizeName(r.BWSize), bwDepth, r.MBps)
 	return nil
 }
 
