@@ -164,7 +164,7 @@ func BenchmarkSendRecvRoundTrip(b *testing.B) {
 }
 
 // Event dispatch: a whole connection set up and torn down, every CM event
-// passing through the dispatcher goroutines.
+// passing through the dispatcher.
 func BenchmarkDialClose(b *testing.B) {
 	ctx := context.Background()
 	d := rxe(b)

@@ -14,6 +14,7 @@ package rdmacm
 // event left unacked makes rdma_destroy_id wait forever.
 struct rdmago_event {
 	struct rdma_cm_id *id;
+	uint64_t token; // the id's context; for a connect request, the listener's
 	int type, status, ud;
 	uint8_t pdata[256];
 	int pdata_len;
@@ -30,6 +31,8 @@ static int rdmago_get_event(struct rdma_event_channel *ch, struct rdmago_event *
 		return -1;
 	memset(out, 0, sizeof(*out));
 	out->id = ev->id;
+	struct rdma_cm_id *owner = ev->event == RDMA_CM_EVENT_CONNECT_REQUEST && ev->listen_id ? ev->listen_id : ev->id;
+	out->token = (uint64_t)(uintptr_t)owner->context;
 	out->type = ev->event;
 	out->status = ev->status;
 	out->ud = ev->id->ps == RDMA_PS_UDP || ev->id->ps == RDMA_PS_IPOIB;
@@ -60,6 +63,15 @@ static int rdmago_get_event(struct rdma_event_channel *ch, struct rdmago_event *
 	rdma_ack_cm_event(ev);
 	return 0;
 }
+
+// An id's context is the token that routes its events; librdmacm never
+// dereferences it.
+static int rdmago_create_id(struct rdma_event_channel *ch, struct rdma_cm_id **id, uint64_t token,
+		enum rdma_port_space ps) {
+	return rdma_create_id(ch, id, (void *)(uintptr_t)token, ps);
+}
+
+static void rdmago_set_token(struct rdma_cm_id *id, uint64_t token) { id->context = (void *)(uintptr_t)token; }
 
 static void rdmago_sockaddr(struct sockaddr_storage *ss, int v6, const uint8_t *ip, uint16_t port, uint32_t scope) {
 	memset(ss, 0, sizeof(*ss));
@@ -157,32 +169,26 @@ type event struct {
 	Param       ConnParam
 	// UD (PS_UDP) events: the peer's QP number and qkey, and the address
 	// vector to reach it.
-	UD      bool
-	QKey    uint32
-	AH      verbs.AHAttr
-	child   *cmID // CONNECT_REQUEST: the new id, already on its own channel
-	childID *C.struct_rdma_cm_id
+	UD    bool
+	QKey  uint32
+	AH    verbs.AHAttr
+	child *cmID // CONNECT_REQUEST: the new id
 }
 
-// cmID is an rdma_cm_id on its own event channel. A dispatcher goroutine
-// waits for the channel in Go's runtime poller (no parked OS thread), acks
-// each event as it copies it out, and queues it, or hands it to a handler
-// once the connection is up. One channel per id (ids of accepted
-// connections are migrated to a new one) keeps a connection's events apart
-// from every other's, so a slow consumer never holds up another connection,
-// and closing one never races with another's events.
+// cmID is an rdma_cm_id. Every id of the process shares one event channel,
+// as C programs do (see channel); the channel's dispatcher queues each
+// event on its id, or hands it to the id's handler once the connection is
+// up. Queues are per id, so a slow consumer holds up no other connection.
 type cmID struct {
-	id *C.struct_rdma_cm_id
-	ch *C.struct_rdma_event_channel
-	w  *fdwait.Waiter
-	ps PortSpace
+	id    *C.struct_rdma_cm_id
+	token uint64 // the id's context: how the dispatcher finds it
+	ps    PortSpace
 
 	mu      sync.Mutex
 	queue   []*event
 	handler func(*event)
 	notify  chan struct{} // one token when queue grows
-	exited  chan struct{} // the dispatcher has returned
-	closed  bool
+	closed  chan struct{} // closed by close
 }
 
 func errnoOf(err error) error {
@@ -193,62 +199,103 @@ func errnoOf(err error) error {
 	return syscall.EIO
 }
 
-func newChannel() (*C.struct_rdma_event_channel, *fdwait.Waiter, error) {
+// channel is the process's rdma_cm event channel and its dispatcher: one
+// goroutine, waiting in Go's runtime poller, that copies and acks each
+// event and routes it by the id's context token. Creating an id is then
+// one rdma_create_id, as in C, not a channel, a descriptor, a poller
+// registration and a goroutine of its own.
+type channel struct {
+	ch *C.struct_rdma_event_channel
+	w  *fdwait.Waiter
+
+	mu   sync.Mutex
+	ids  map[uint64]*cmID
+	next uint64
+}
+
+var shared struct {
+	mu sync.Mutex
+	c  *channel
+}
+
+// Init opens librdmacm and the process's CM event channel, which Dial,
+// Listen and JoinMulticast otherwise do on first use. On the first call
+// librdmacm opens every RDMA device and reads its attributes, which takes
+// milliseconds (more on a slow or emulated CPU): a program that times its
+// first connection, or wants to learn at start-up that rdma_cm is missing,
+// calls Init first. Calling it again does nothing; after a failure it
+// tries again.
+func Init() error {
+	_, err := sharedChannel()
+	return err
+}
+
+func sharedChannel() (*channel, error) {
+	shared.mu.Lock()
+	defer shared.mu.Unlock()
+	if shared.c != nil {
+		return shared.c, nil
+	}
 	ch, err := C.rdma_create_event_channel()
 	if ch == nil {
-		return nil, nil, fmt.Errorf("rdma_create_event_channel: %w (is /dev/infiniband/rdma_cm there, and is rdma_ucm loaded?)", errnoOf(err))
+		return nil, fmt.Errorf("rdma_create_event_channel: %w (is /dev/infiniband/rdma_cm there, and is rdma_ucm loaded?)", errnoOf(err))
 	}
 	w, err := fdwait.New(int(ch.fd), "rdma_cm event channel")
 	if err != nil {
 		C.rdma_destroy_event_channel(ch)
-		return nil, nil, err
-	}
-	return ch, w, nil
-}
-
-// newID creates an id on a fresh channel and starts its dispatcher.
-func newID(ps PortSpace) (*cmID, error) {
-	ch, w, err := newChannel()
-	if err != nil {
 		return nil, err
 	}
-	var id *C.struct_rdma_cm_id
-	if rc, err := C.rdma_create_id(ch, &id, nil, C.enum_rdma_port_space(ps)); rc != 0 {
-		w.Close()
-		C.rdma_destroy_event_channel(ch)
-		return nil, fmt.Errorf("rdma_create_id %v: %w", ps, errnoOf(err))
-	}
-	return startID(id, ch, w, ps), nil
+	shared.c = &channel{ch: ch, w: w, ids: map[uint64]*cmID{}}
+	go shared.c.dispatch()
+	return shared.c, nil
 }
 
-// adoptChild moves the id of a connect request to a channel of its own.
-func adoptChild(id *C.struct_rdma_cm_id, ps PortSpace) (*cmID, error) {
-	ch, w, err := newChannel()
-	if err != nil {
-		return nil, err
-	}
-	if rc, err := C.rdma_migrate_id(id, ch); rc != 0 {
-		w.Close()
-		C.rdma_destroy_event_channel(ch)
-		return nil, fmt.Errorf("rdma_migrate_id: %w", errnoOf(err))
-	}
-	return startID(id, ch, w, ps), nil
-}
-
-func startID(id *C.struct_rdma_cm_id, ch *C.struct_rdma_event_channel, w *fdwait.Waiter, ps PortSpace) *cmID {
-	c := &cmID{id: id, ch: ch, w: w, ps: ps, notify: make(chan struct{}, 1), exited: make(chan struct{})}
-	go c.dispatch()
+// add registers a new id under a fresh token.
+func (ch *channel) add(ps PortSpace) *cmID {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	ch.next++
+	c := &cmID{token: ch.next, ps: ps, notify: make(chan struct{}, 1), closed: make(chan struct{})}
+	ch.ids[c.token] = c
 	return c
 }
 
-func (c *cmID) dispatch() {
-	defer close(c.exited)
+func (ch *channel) remove(c *cmID) {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	delete(ch.ids, c.token)
+}
+
+func (ch *channel) lookup(token uint64) *cmID {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	return ch.ids[token]
+}
+
+// newID creates an id on the shared channel.
+func newID(ps PortSpace) (*cmID, error) {
+	ch, err := sharedChannel()
+	if err != nil {
+		return nil, err
+	}
+	c := ch.add(ps)
+	var id *C.struct_rdma_cm_id
+	if rc, err := C.rdmago_create_id(ch.ch, &id, C.uint64_t(c.token), C.enum_rdma_port_space(ps)); rc != 0 {
+		ch.remove(c)
+		return nil, fmt.Errorf("rdma_create_id %v: %w", ps, errnoOf(err))
+	}
+	c.id = id
+	return c, nil
+}
+
+// dispatch runs for the life of the process: the channel is never closed,
+// like librdmacm's own per-process state.
+func (ch *channel) dispatch() {
 	ce := (*C.struct_rdmago_event)(C.calloc(1, C.sizeof_struct_rdmago_event))
 	defer C.free(unsafe.Pointer(ce))
 	for {
-		err := c.w.Wait(context.Background(), func() bool { return C.rdmago_get_event(c.ch, ce) == 0 })
-		if err != nil {
-			return // closed
+		if err := ch.w.Wait(context.Background(), func() bool { return C.rdmago_get_event(ch.ch, ce) == 0 }); err != nil {
+			return // only if the poller fails
 		}
 		ev := &event{Type: EventType(ce._type), Status: int(ce.status), UD: ce.ud != 0}
 		if n := int(ce.pdata_len); n > 0 {
@@ -261,17 +308,40 @@ func (c *cmID) dispatch() {
 			ev.QKey = uint32(ce.qkey)
 			ev.AH = verbs.AHAttrFromC(unsafe.Pointer(&ce.ah_attr))
 		}
-		if ev.Type == EventConnectRequest && ce.id != c.id {
-			child, err := adoptChild(ce.id, c.ps)
-			if err != nil {
-				// Out of descriptors or memory: refuse rather than leak.
-				C.rdma_reject(ce.id, nil, 0)
-				C.rdma_destroy_id(ce.id)
-				continue
-			}
+		c := ch.lookup(uint64(ce.token))
+		if ev.Type == EventConnectRequest {
+			// The request's id is new: it inherited the listener's token.
+			child := ch.add(c.psOr(ce))
+			child.id = ce.id
+			C.rdmago_set_token(ce.id, C.uint64_t(child.token))
 			ev.child = child
 		}
+		if c == nil {
+			// The id was closed after the event was read.
+			ev.dropped()
+			continue
+		}
 		c.deliver(ev)
+	}
+}
+
+// psOr is the port space of a request's new id: its listener's.
+func (c *cmID) psOr(ce *C.struct_rdmago_event) PortSpace {
+	if c != nil {
+		return c.ps
+	}
+	if ce.ud != 0 {
+		return PortSpaceUDP
+	}
+	return PortSpaceTCP
+}
+
+// dropped releases what an event that no one will see holds: a connect
+// request's new id is refused and destroyed.
+func (ev *event) dropped() {
+	if ev.child != nil {
+		ev.child.reject(nil)
+		ev.child.close()
 	}
 }
 
@@ -280,6 +350,12 @@ func (c *cmID) dispatch() {
 func (c *cmID) deliver(ev *event) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	select {
+	case <-c.closed:
+		ev.dropped()
+		return
+	default:
+	}
 	if c.handler != nil {
 		c.handler(ev)
 		return
@@ -317,47 +393,40 @@ func (c *cmID) poll() *event {
 // next waits for the next queued event.
 func (c *cmID) next(ctx context.Context) (*event, error) {
 	for {
-		c.mu.Lock()
-		if len(c.queue) > 0 {
-			ev := c.queue[0]
-			c.queue = c.queue[1:]
-			c.mu.Unlock()
+		if ev := c.poll(); ev != nil {
 			return ev, nil
 		}
-		c.mu.Unlock()
 		select {
 		case <-c.notify:
 		case <-ctx.Done():
 			return nil, ctx.Err()
-		case <-c.exited:
+		case <-c.closed:
 			return nil, ErrClosed
 		}
 	}
 }
 
-// close stops the dispatcher, then destroys the id and its channel. Every
-// event fetched was acked, so rdma_destroy_id cannot wait; events still
-// queued in the kernel are dropped with the id. Queued connect requests'
-// ids are refused and destroyed. The QP, if the CM made one, must be gone.
+// close destroys the id. Every event read was acked at once, so
+// rdma_destroy_id cannot wait on us; events still queued in the kernel are
+// dropped with the id, and queued connect requests' ids are refused and
+// destroyed. The QP, if the CM made one, must be gone.
 func (c *cmID) close() {
 	c.mu.Lock()
-	if c.closed {
+	select {
+	case <-c.closed:
 		c.mu.Unlock()
 		return
+	default:
 	}
-	c.closed = true
-	c.mu.Unlock()
-	c.w.Close()
-	<-c.exited
-	for _, ev := range c.queue {
-		if ev.child != nil {
-			ev.child.reject(nil)
-			ev.child.close()
-		}
-	}
+	close(c.closed)
+	queued := c.queue
 	c.queue = nil
+	c.mu.Unlock()
+	shared.c.remove(c)
 	C.rdma_destroy_id(c.id)
-	C.rdma_destroy_event_channel(c.ch)
+	for _, ev := range queued {
+		ev.dropped()
+	}
 }
 
 func toSockaddr(ap netip.AddrPort, ss *C.struct_sockaddr_storage) error {

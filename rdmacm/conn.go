@@ -181,10 +181,12 @@ func (c *Conn) Close() error {
 		c.mrMu.Lock()
 		c.closeErr = c.res.close()
 		c.mrMu.Unlock()
+		c.opts.trace(StepDestroyQP, start)
 		if c.id != nil {
+			start := time.Now()
 			c.id.close()
+			c.opts.trace(StepDestroyID, start)
 		}
-		c.opts.trace(StepDestroy, start)
 	})
 	return c.closeErr
 }

@@ -112,11 +112,11 @@ func TestTraceReportsEachStep(t *testing.T) {
 			require.NoError(t, err)
 			require.NoError(t, c.Close())
 			want := []rdmacm.Step{rdmacm.StepCreateID, rdmacm.StepResolveAddr, rdmacm.StepResolveRoute, rdmacm.StepCreateQP,
-				rdmacm.StepConnect, rdmacm.StepDisconnect, rdmacm.StepDestroy}
+				rdmacm.StepConnect, rdmacm.StepDisconnect, rdmacm.StepDestroyQP, rdmacm.StepDestroyID}
 			if mode == rdmacm.ModeManual {
 				want = []rdmacm.Step{rdmacm.StepCreateID, rdmacm.StepResolveAddr, rdmacm.StepResolveRoute, rdmacm.StepCreateQP,
 					rdmacm.StepInitQP, rdmacm.StepConnect, rdmacm.StepInitQP, rdmacm.StepRTRQP, rdmacm.StepRTSQP, rdmacm.StepEstablish,
-					rdmacm.StepDisconnect, rdmacm.StepDestroy}
+					rdmacm.StepDisconnect, rdmacm.StepDestroyQP, rdmacm.StepDestroyID}
 			}
 			mu.Lock()
 			defer mu.Unlock()

@@ -32,3 +32,6 @@ func Listen(address string, opts *Options) (*Listener, error) { return nil, ErrN
 func ConnectOverTCP(ctx context.Context, tcp net.Conn, opts *Options) (*Conn, error) {
 	return nil, ErrNoCgo
 }
+
+// Init returns ErrNoCgo without cgo.
+func Init() error { return ErrNoCgo }

@@ -20,12 +20,13 @@ const (
 	StepConnect                  // rdma_connect or rdma_accept until the peer's answer (ModeManual dial: CONNECT_RESPONSE)
 	StepEstablish                // ModeManual dial: rdma_establish, the RTU
 	StepDisconnect               // rdma_disconnect until DISCONNECTED
-	StepDestroy                  // QP, memory, CQs, PD and CM id released
+	StepDestroyQP                // QP, memory, CQs and PD released
+	StepDestroyID                // rdma_destroy_id
 	numSteps
 )
 
 var stepNames = [...]string{"create id", "resolve addr", "resolve route", "create qp", "init qp", "rtr qp",
-	"rts qp", "connect", "establish", "disconnect", "destroy"}
+	"rts qp", "connect", "establish", "disconnect", "destroy qp", "destroy id"}
 
 func (s Step) String() string {
 	if s >= 0 && s < numSteps {

@@ -216,6 +216,11 @@ func connectAll(ctx context.Context, c config) (*result, error) {
 			return nil, fmt.Errorf("bind address: %w", err)
 		}
 	}
+	// The C tool opens its event channel, and with it librdmacm, before its
+	// clock starts; so do we.
+	if err := rdmacm.Init(); err != nil {
+		return nil, err
+	}
 	r := &result{conns: c.conns, nodes: make([]*node, c.conns), b: newBarrier(c.conns)}
 	var mu sync.Mutex
 	fail := func(err error) {

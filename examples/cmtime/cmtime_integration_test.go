@@ -49,7 +49,7 @@ func checkTable(t *testing.T, out string, steps ...string) {
 	assert.NotContains(t, out, "failed")
 }
 
-var cmSteps = []string{"create id", "resolve addr", "resolve route", "create qp", "connect", "disconnect", "destroy"}
+var cmSteps = []string{"create id", "resolve addr", "resolve route", "create qp", "connect", "disconnect", "destroy qp", "destroy id"}
 
 func TestGoClientCServer(t *testing.T) {
 	for _, dev := range interop.Devices {

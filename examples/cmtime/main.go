@@ -9,7 +9,9 @@
 // Like the C client, the Go client takes all connections through one step
 // before any starts the next (create id, resolve address, resolve route,
 // create QP, connect, disconnect, destroy): each row is the wall time of
-// one step for all connections. Every Dial runs on its own goroutine and
+// one step for all connections. Destroy has two rows: "destroy qp" (QP,
+// memory, CQs and PD) and "destroy id". The C client's "destroy" is
+// rdma_destroy_id alone; it leaves its QPs to the end of the process. Every Dial runs on its own goroutine and
 // waits for the others in Options.Trace, which runs between the steps.
 // With -q the QPs are moved by rdmago's manual mode and the INIT, RTR and
 // RTS modifies get rows of their own. The client can talk to the C server
