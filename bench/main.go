@@ -22,9 +22,9 @@ func main() {
 	out := flag.String("out", "bench/results.md", "where to write the report")
 	rounds := flag.Int("rounds", 3, "rounds per measurement (the median is reported)")
 	flag.Parse()
-	// A thousand connections hold three descriptors each (CM channel, two
-	// CQ channels) on our side, and the C tools need room as well; the
-	// guest runs us as root, so the hard limit can be raised too.
+	// A thousand connections hold two descriptors each (their CQ
+	// channels) on either side; the guest runs us as root, so the hard
+	// limit can be raised too.
 	lim := unix.Rlimit{Cur: 1 << 16, Max: 1 << 16}
 	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &lim); err != nil {
 		fmt.Fprintln(os.Stderr, "bench: raising the descriptor limit:", err)

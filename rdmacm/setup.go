@@ -241,7 +241,8 @@ func (e *endpoint) resourceError(step string, err error) error {
 			"takes the kernel's mmap offset 0x90000 for SIW_INVAL_UOBJ_KEY, so about 143 pages of CQs and " +
 			"QP queues (some 35 connection ends with two CQs each) fit in one process"
 	case errors.Is(err, syscall.EMFILE):
-		oe.Hint = "out of file descriptors: each connection holds two (its CQs' completion channels); " +
+		oe.Hint = "out of file descriptors: each connection holds two (its CQs' completion channels) and, once it waits, " +
+			"two more (their registrations with Go's poller); " +
 			"raise the limit (ulimit -n, or RLIMIT_NOFILE)"
 	case errors.Is(err, syscall.ENOMEM) || errors.Is(err, syscall.ENOSPC):
 		oe.Hint = "the device, or the locked-memory limit (ulimit -l), has no room for another queue"

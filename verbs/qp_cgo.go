@@ -209,9 +209,10 @@ type CQ struct {
 	dev  *Device
 	cq   *C.struct_ibv_cq
 	ch   *C.struct_ibv_comp_channel
-	wait *fdwait.Waiter // the channel fd in Go's poller
 
 	mu      sync.Mutex
+	wait    *fdwait.Waiter // the channel fd in Go's poller, from the first wait on
+
 	wc      *C.struct_ibv_wc // poll scratch, C memory
 	wcCap   int
 	unacked C.uint
@@ -227,20 +228,12 @@ func (d *Device) CreateCQ(entries int) (*CQ, error) {
 	if ch == nil {
 		return nil, &OpError{Op: "ibv_create_comp_channel", Device: d.Info.Name, Err: errnoOf(err)}
 	}
-	fail := func(e error) (*CQ, error) {
-		C.ibv_destroy_comp_channel(ch)
-		return nil, e
-	}
-	wait, err := fdwait.New(int(ch.fd), "completion channel")
-	if err != nil {
-		return fail(&OpError{Op: "create CQ", Device: d.Info.Name, Err: err})
-	}
 	cq, err := C.ibv_create_cq(ctx, C.int(entries), nil, ch, 0)
 	if cq == nil {
-		wait.Close()
-		return fail(&OpError{Op: "ibv_create_cq", Device: d.Info.Name, Detail: fmt.Sprintf("%d entries", entries), Err: errnoOf(err)})
+		C.ibv_destroy_comp_channel(ch)
+		return nil, &OpError{Op: "ibv_create_cq", Device: d.Info.Name, Detail: fmt.Sprintf("%d entries", entries), Err: errnoOf(err)}
 	}
-	return &CQ{dev: d, cq: cq, ch: ch, wait: wait}, nil
+	return &CQ{dev: d, cq: cq, ch: ch}, nil
 }
 
 // Poll moves up to len(wcs) completions into wcs, crossing into C once, and
@@ -320,9 +313,31 @@ func (c *CQ) arm() error {
 	return nil
 }
 
+// waiter registers the channel with the poller on the first wait: a CQ
+// that is only ever busy-polled costs no duplicate descriptor.
+func (c *CQ) waiter() (*fdwait.Waiter, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.cq == nil {
+		return nil, &OpError{Op: "wait for completions", Device: c.dev.Info.Name, Err: syscall.EBADF, Hint: "the CQ is closed"}
+	}
+	if c.wait == nil {
+		w, err := fdwait.New(int(c.ch.fd), "completion channel")
+		if err != nil {
+			return nil, &OpError{Op: "wait for completions", Device: c.dev.Info.Name, Err: err}
+		}
+		c.wait = w
+	}
+	return c.wait, nil
+}
+
 func (c *CQ) waitEvent(ctx context.Context) error {
+	w, err := c.waiter()
+	if err != nil {
+		return err
+	}
 	var got bool
-	err := c.wait.Wait(ctx, func() bool {
+	err = w.Wait(ctx, func() bool {
 		var cq *C.struct_ibv_cq
 		var cqctx unsafe.Pointer
 		if C.ibv_get_cq_event(c.ch, &cq, &cqctx) == 0 {
@@ -360,7 +375,9 @@ func (c *CQ) Close() error {
 		return &OpError{Op: "ibv_destroy_cq", Device: c.dev.Info.Name, Err: syscall.Errno(rc), Hint: "close the QPs that use it first"}
 	}
 	c.cq = nil
-	c.wait.Close()
+	if c.wait != nil {
+		c.wait.Close()
+	}
 	C.ibv_destroy_comp_channel(c.ch)
 	C.free(unsafe.Pointer(c.wc))
 	c.wc = nil
