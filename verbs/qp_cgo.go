@@ -206,12 +206,12 @@ func (m *MR) Close() error {
 // CQ is a completion queue, with a completion channel whose fd waits in Go's
 // runtime poller: a goroutine waiting for completions parks no OS thread.
 type CQ struct {
-	dev  *Device
-	cq   *C.struct_ibv_cq
-	ch   *C.struct_ibv_comp_channel
+	dev *Device
+	cq  *C.struct_ibv_cq
+	ch  *C.struct_ibv_comp_channel
 
-	mu      sync.Mutex
-	wait    *fdwait.Waiter // the channel fd in Go's poller, from the first wait on
+	mu   sync.Mutex
+	wait *fdwait.Waiter // the channel fd in Go's poller, from the first wait on
 
 	wc      *C.struct_ibv_wc // poll scratch, C memory
 	wcCap   int
