@@ -75,7 +75,11 @@ bench: prepare examples
 	@echo "== benchmarks: Go examples against rdma-core's and perftest's C tools, in one guest"
 	go build -o bin/bench ./bench
 	go test -c -tags integration -o bin/rdmacm.bench.test ./rdmacm
+	rm -rf bench/profiles
 	$(RDMAVM) exec $(CURDIR)/bin/bench -bin $(CURDIR)/bin -out $(CURDIR)/bench/results.md
+	@# A profile is named after its tool: cmtime-rxe0.prof belongs to bin/cmtime.
+	for f in bench/profiles/*.prof; do n=$$(basename $$f .prof); \
+		go tool pprof -top -nodecount=30 bin/$${n%%-*} $$f > bench/profiles/$$n.txt || exit 1; done
 
 shell: prepare
 	$(RDMAVM) shell

@@ -19,10 +19,12 @@ import (
 )
 
 type bench struct {
-	bin    string
-	rounds int
-	port   int
-	md     strings.Builder
+	bin      string
+	profiles string // where the Go side's CPU profiles go
+	rounds   int
+	port     int
+	md       strings.Builder
+	profiled []string // profiles written, for the report
 }
 
 // Targets from the issue: Go within 5 % of C.
@@ -67,6 +69,7 @@ func (b *bench) run(ctx context.Context) (string, error) {
 		{"latency", b.latency},
 		{"bandwidth", b.bandwidth},
 		{"Go benchmarks", b.goBench},
+		{"profiles", b.listProfiles},
 	} {
 		fmt.Fprintf(os.Stderr, "bench: %s\n", s.name)
 		if err := s.f(ctx, devs); err != nil {
@@ -237,6 +240,12 @@ func (b *bench) setup(ctx context.Context, devs map[string]string) error {
 				}
 			}
 		}
+		// One more Go run, not counted, for the profile.
+		if _, err := run(ctx, filepath.Join(b.bin, "cmtime"), "-s", a, "-p", p, "-c", fmt.Sprint(n),
+			"-cpuprofile", b.profile("cmtime-"+dev)); err != nil {
+			srv.stop()
+			return err
+		}
 		srv.stop()
 		b.printf("### %s, N = %d\n\n| step | C µs/conn | Go µs/conn | Go/C | target ≤ %.2f |\n|---|---:|---:|---:|---|\n", dev, n, maxSetupRatio)
 		for _, s := range setupSteps {
@@ -306,6 +315,26 @@ type goResult struct {
 	BWSize  int     `json:"bw_size"`
 	BWIters int     `json:"bw_iters"`
 	MBps    float64 `json:"bw_MBps"`
+}
+
+// profile names a CPU profile file of the Go client and records it for
+// the report.
+func (b *bench) profile(name string) string {
+	b.profiled = append(b.profiled, name)
+	return filepath.Join(b.profiles, name+".prof")
+}
+
+// listProfiles ends the report with the profiles of the Go side, which
+// make bench turns into text (go tool pprof -top) next to them.
+func (b *bench) listProfiles(context.Context, map[string]string) error {
+	b.printf("## Profiles of the Go side\n\n")
+	b.printf("One extra run per figure, not counted, with -cpuprofile. `make bench` writes `go tool pprof -top` of each next to it;\n")
+	b.printf("open one with `go tool pprof -http=: bin/<tool> bench/profiles/<name>.prof`.\n\n")
+	for _, name := range b.profiled {
+		b.printf("- [%s](profiles/%s.txt)\n", name, name)
+	}
+	b.printf("\n")
+	return nil
 }
 
 // pingpong runs our client against our server on addr.
@@ -393,6 +422,11 @@ func (b *bench) latency(ctx context.Context, devs map[string]string) error {
 				}
 				c = append(c, typical)
 			}
+			addr := netip.AddrPortFrom(netip.MustParseAddr(devs[dev]), uint16(b.nextPort()))
+			if _, err := b.pingpong(ctx, addr, "-sizes", fmt.Sprint(size), "-n", fmt.Sprint(iters), "-bw-n", "16",
+				"-cpuprofile", b.profile(fmt.Sprintf("pingpong-%s-%dB", dev, size))); err != nil {
+				return err
+			}
 			cm, gm := median(c), median(g)
 			b.printf("| %s | %d B | %.1f | %.1f | %.2f | %s |\n", dev, size, cm, gm, gm/cm, verdict(gm/cm <= maxLatencyRatio))
 		}
@@ -404,7 +438,8 @@ func (b *bench) latency(ctx context.Context, devs map[string]string) error {
 func (b *bench) bandwidth(ctx context.Context, devs map[string]string) error {
 	const size, iters = 65536, 1000
 	b.printf("## RDMA WRITE bandwidth, 64 KiB messages\n\n")
-	b.printf("`examples/pingpong` (16 writes in flight) vs `ib_write_bw` (rxe only, as above), %d writes. MB as perftest counts them (its unit is\n", iters)
+	b.printf("`examples/pingpong` (128 writes in flight, every 16th signaled) vs `ib_write_bw` (its defaults: 128 in flight, every\n")
+	b.printf("100th signaled; rxe only, as above), %d writes. MB as perftest counts them (its unit is\n", iters)
 	b.printf("derived from its own message rate, so both columns use the same one).\n\n")
 	b.printf("| device | C MB/s | Go MB/s | Go/C | target ≥ %.2f |\n|---|---:|---:|---:|---|\n", minBWRatio)
 	for _, dev := range []string{"rxe0"} {

@@ -32,7 +32,11 @@ func main() {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
-	b := &bench{bin: *bin, rounds: *rounds}
+	b := &bench{bin: *bin, rounds: *rounds, profiles: filepath.Join(filepath.Dir(*out), "profiles")}
+	if err := os.MkdirAll(b.profiles, 0o755); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
 	report, err := b.run(ctx)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
