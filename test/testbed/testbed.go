@@ -226,6 +226,12 @@ func kernelArgs(o Options, a *Assets, role, mode, agentPath string) (string, err
 	}
 	args := []string{
 		"console=ttyS0", "panic=-1", "loglevel=4",
+		// Under TCG the kernel falls back to the HPET, where every
+		// clock_gettime costs microseconds (an emulated MMIO read); the
+		// emulated TSC is monotonic across vCPUs and costs nanoseconds,
+		// as on real hardware, which timing-heavy code (benchmarks, the Go
+		// runtime's scheduler) needs.
+		"clocksource=tsc", "tsc=reliable",
 		"rdmago.stage2=" + filepath.Join(a.Scripts, "stage2"),
 		"rdmago.modules=" + filepath.Join(a.Dir, "modules"),
 		"rdmago.rw=" + strings.Join(o.Writable, ","),
