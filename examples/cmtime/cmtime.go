@@ -189,49 +189,18 @@ func (b *barrier) leave() {
 	b.cond.Broadcast()
 }
 
-// turns lets one connection at a time run the steps that C's client runs
-// as one synchronous call per connection in a loop: create id, create qp,
-// and their destroys. Such a row is then, as in C, the sum of the calls,
-// not a hundred calls at once contending for the same kernel locks (a CQ's
-// ring is an mmap, for one). The other steps are issued by C in a loop
-// too, but complete concurrently; ours run concurrently from the start.
-type turns struct{ mu sync.Mutex }
-
-// inTurns maps each step to the one after it that takes turns. The first,
-// create id, takes its turn before Dial.
-var inTurns = map[rdmacm.Step]rdmacm.Step{
-	rdmacm.StepResolveRoute: rdmacm.StepCreateQP,
-	rdmacm.StepDisconnect:   rdmacm.StepDestroyQP,
-	rdmacm.StepDestroyQP:    rdmacm.StepDestroyID,
-}
-
-func (t *turns) take(n *node) {
-	t.mu.Lock()
-	n.turn = true
-}
-
-// release ends n's turn, if it has one: at its next step, or when it fails.
-func (t *turns) release(n *node) {
-	if n.turn {
-		n.turn = false
-		t.mu.Unlock()
-	}
-}
-
 // node is one connection's times, per step (a step may occur twice: the
 // manual dialer takes its QP to INIT again after the reply).
 type node struct {
-	d    map[rdmacm.Step]time.Duration
-	k    int
-	ok   bool
-	turn bool // holds the turns mutex
+	d  map[rdmacm.Step]time.Duration
+	k  int
+	ok bool
 }
 
 type result struct {
 	conns   int
 	nodes   []*node
 	b       *barrier
-	t       turns
 	err     error // the first failure, if any
 	failed  int
 	threads int
@@ -283,22 +252,15 @@ func connectAll(ctx context.Context, c config) (*result, error) {
 		}
 		o.Trace = func(s rdmacm.Step, _ time.Time, d time.Duration) {
 			n.d[s] += d
-			r.t.release(n)
 			k := n.k
 			n.k++
 			r.b.arrive(k, s)
-			if _, ok := inTurns[s]; ok {
-				r.t.take(n)
-			}
 		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			defer r.t.release(n)
-			r.t.take(n) // create id
 			conn, err := rdmacm.Dial(ctx, dst, o)
 			if err != nil {
-				r.t.release(n)
 				r.b.leave()
 				fail(err)
 				return

@@ -11,10 +11,7 @@
 // create QP, connect, disconnect, destroy): each row is the wall time of
 // one step for all connections. Destroy has two rows: "destroy qp" (QP,
 // memory, CQs and PD) and "destroy id". The C client's "destroy" is
-// rdma_destroy_id alone; it leaves its QPs to the end of the process.
-// The steps C runs as one synchronous call per connection in a loop
-// (create id, create qp, destroy qp, destroy id) take turns here, one
-// connection at a time, as they do there. Every Dial runs on its own goroutine and
+// rdma_destroy_id alone; it leaves its QPs to the end of the process. Every Dial runs on its own goroutine and
 // waits for the others in Options.Trace, which runs between the steps.
 // With -q the QPs are moved by rdmago's manual mode and the INIT, RTR and
 // RTS modifies get rows of their own. The client can talk to the C server
