@@ -155,6 +155,13 @@ func newBarrier(n int) *barrier {
 	return b
 }
 
+// start starts the first step's clock.
+func (b *barrier) start() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.release = time.Now()
+}
+
 // arrive records step s as a party's k-th and waits for the others.
 func (b *barrier) arrive(k int, s rdmacm.Step) {
 	b.mu.Lock()
@@ -231,6 +238,9 @@ func connectAll(ctx context.Context, c config) (*result, error) {
 			r.err = err
 		}
 	}
+	// The goroutines are started before the clock, as C starts its
+	// threads before its first step.
+	start := make(chan struct{})
 	var wg sync.WaitGroup
 	for i := range r.nodes {
 		n := &node{d: map[rdmacm.Step]time.Duration{}}
@@ -259,6 +269,7 @@ func connectAll(ctx context.Context, c config) (*result, error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			<-start
 			conn, err := rdmacm.Dial(ctx, dst, o)
 			if err != nil {
 				r.b.leave()
@@ -271,6 +282,8 @@ func connectAll(ctx context.Context, c config) (*result, error) {
 			}
 		}()
 	}
+	r.b.start()
+	close(start)
 	wg.Wait()
 	r.threads = pprof.Lookup("threadcreate").Count()
 	r.peakRSS = procStatus("VmHWM")
