@@ -1,9 +1,11 @@
 // Command bench runs inside a test bed guest (make bench) and measures
 // rdmago's examples against rdma-core's and perftest's C tools, side by
 // side in the same boot: connection setup per step (cmtime), many
-// concurrent connections, send/recv latency (ib_send_lat -R), RDMA WRITE
-// bandwidth (ib_write_bw -R), and cgo crossings per batch. Each figure is
-// the median of several rounds; the report goes to a Markdown file.
+// concurrent connections, send/recv latency (ib_send_lat), RDMA WRITE
+// bandwidth (ib_write_bw), and cgo crossings per batch. perftest runs over
+// its TCP socket: its rdma_cm mode (-R) never listens in the guest. Each
+// figure is the median of several rounds; the report goes to a Markdown
+// file, and CPU profiles of the Go side go next to it.
 package main
 
 import (
