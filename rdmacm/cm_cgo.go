@@ -318,7 +318,7 @@ func (ch *channel) dispatch() {
 		}
 		if c == nil {
 			// The id was closed after the event was read.
-			ev.dropped()
+			go ev.dropped()
 			continue
 		}
 		c.deliver(ev)
@@ -337,7 +337,9 @@ func (c *cmID) psOr(ce *C.struct_rdmago_event) PortSpace {
 }
 
 // dropped releases what an event that no one will see holds: a connect
-// request's new id is refused and destroyed.
+// request's new id is refused and destroyed. The dispatcher runs it on a
+// goroutine of its own: destroying an iWARP id can wait on the peer, and
+// the dispatcher must never wait.
 func (ev *event) dropped() {
 	if ev.child != nil {
 		ev.child.reject(nil)
@@ -352,7 +354,7 @@ func (c *cmID) deliver(ev *event) {
 	defer c.mu.Unlock()
 	select {
 	case <-c.closed:
-		ev.dropped()
+		go ev.dropped()
 		return
 	default:
 	}

@@ -83,8 +83,7 @@ func (l *Listener) onEvent(ev *event) {
 	select {
 	case l.reqs <- r:
 	default: // backlog full: refuse now rather than let the peer time out
-		ev.child.reject(nil)
-		ev.child.close()
+		go ev.dropped() // not on the dispatcher: see dropped
 	}
 }
 
