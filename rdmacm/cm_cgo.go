@@ -310,40 +310,41 @@ func (ch *channel) dispatch() {
 		}
 		c := ch.lookup(uint64(ce.token))
 		if ev.Type == EventConnectRequest {
-			// The request's id is new: it inherited the listener's token.
-			child := ch.add(c.psOr(ce))
+			// The request's id is new: it inherited the listener's token
+			// and port space (a request whose listener is gone is refused).
+			ps := PortSpaceTCP
+			if c != nil {
+				ps = c.ps
+			}
+			child := ch.add(ps)
 			child.id = ce.id
 			C.rdmago_set_token(ce.id, C.uint64_t(child.token))
 			ev.child = child
 		}
 		if c == nil {
 			// The id was closed after the event was read.
-			go ev.dropped()
+			ev.dropLater()
 			continue
 		}
 		c.deliver(ev)
 	}
 }
 
-// psOr is the port space of a request's new id: its listener's.
-func (c *cmID) psOr(ce *C.struct_rdmago_event) PortSpace {
-	if c != nil {
-		return c.ps
-	}
-	if ce.ud != 0 {
-		return PortSpaceUDP
-	}
-	return PortSpaceTCP
-}
-
 // dropped releases what an event that no one will see holds: a connect
-// request's new id is refused and destroyed. The dispatcher runs it on a
-// goroutine of its own: destroying an iWARP id can wait on the peer, and
-// the dispatcher must never wait.
+// request's new id is refused and destroyed.
 func (ev *event) dropped() {
 	if ev.child != nil {
 		ev.child.reject(nil)
 		ev.child.close()
+	}
+}
+
+// dropLater is dropped for the dispatcher, which must never wait:
+// destroying an iWARP id can wait on the peer, so a refusal runs on a
+// goroutine of its own.
+func (ev *event) dropLater() {
+	if ev.child != nil {
+		go ev.dropped()
 	}
 }
 
@@ -354,7 +355,7 @@ func (c *cmID) deliver(ev *event) {
 	defer c.mu.Unlock()
 	select {
 	case <-c.closed:
-		go ev.dropped()
+		ev.dropLater()
 		return
 	default:
 	}

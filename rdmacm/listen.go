@@ -83,7 +83,7 @@ func (l *Listener) onEvent(ev *event) {
 	select {
 	case l.reqs <- r:
 	default: // backlog full: refuse now rather than let the peer time out
-		go ev.dropped() // not on the dispatcher: see dropped
+		ev.dropLater()
 	}
 }
 
