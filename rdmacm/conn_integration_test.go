@@ -4,6 +4,8 @@ package rdmacm_test
 
 import (
 	"bytes"
+	"fmt"
+	"net/netip"
 	"testing"
 	"time"
 
@@ -93,4 +95,35 @@ func TestOptionsReachTheQP(t *testing.T) {
 	s, err := server.QP.Query(verbs.AttrRNRRetry)
 	require.NoError(t, err)
 	assert.Equal(t, uint8(3), s.RNRRetry, "the server retries RNR as often as the dialer asked")
+}
+
+// A listener on the wildcard address takes connections on every device:
+// one port, one dialer over RoCE and one over iWARP.
+func TestListenOnWildcard(t *testing.T) {
+	checkNoLeaks(t)
+	ctx := ctxFor(t, 30*time.Second)
+	p := port()
+	l, err := rdmacm.Listen(fmt.Sprintf("0.0.0.0:%d", p), nil)
+	require.NoError(t, err, "wildcard listen (the test bed's siw devices must not share an ifindex)")
+	defer l.Close()
+	assert.Equal(t, netip.MustParseAddrPort(fmt.Sprintf("0.0.0.0:%d", p)), l.Addr())
+	for _, d := range []device{rxe(t), siw(t)} {
+		t.Run(d.name, func(t *testing.T) {
+			accepted := make(chan *rdmacm.Conn, 1)
+			go func() {
+				c, err := l.Accept(ctx)
+				assert.NoError(t, err)
+				accepted <- c
+			}()
+			client, err := rdmacm.Dial(ctx, d.at(p), nil)
+			require.NoError(t, err)
+			defer client.Close()
+			server := <-accepted
+			require.NotNil(t, server)
+			defer server.Close()
+			assert.Equal(t, d.name, server.Path().Device, "the request arrived on the dialed device")
+			assert.Equal(t, client.RemoteAddr(), server.LocalAddr())
+			exchange(t, client, server)
+		})
+	}
 }

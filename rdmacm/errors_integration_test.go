@@ -122,6 +122,25 @@ func TestDialNoListener(t *testing.T) {
 	})
 }
 
+// A port that another listener holds is refused at the bind, even with
+// ReuseAddr (the kernel never shares a listening port), and the error
+// says so.
+func TestListenOnAPortInUse(t *testing.T) {
+	forEachDevice(t, func(t *testing.T, d device) {
+		checkNoLeaks(t)
+		for _, reuse := range []bool{false, true} {
+			opts := &rdmacm.Options{ReuseAddr: reuse}
+			_, addr := listen(t, d, opts)
+			_, err := rdmacm.Listen(addr, opts)
+			require.ErrorIs(t, err, syscall.EADDRINUSE)
+			var oe *rdmacm.OpError
+			require.ErrorAs(t, err, &oe)
+			assert.Equal(t, "bind", oe.Op)
+			assert.Contains(t, err.Error(), "another rdma_cm id")
+		}
+	})
+}
+
 func TestDialAddressWithoutRDMADevice(t *testing.T) {
 	checkNoLeaks(t)
 	// A netdev no RDMA device is bound to, and a route through it.

@@ -51,10 +51,20 @@ func Listen(address string, opts *Options) (*Listener, error) {
 	if err := id.bind(ap); err != nil {
 		oe := e.fail("bind", nil, err)
 		oe.Hint = "is the address local and on a netdev with an RDMA device (or a wildcard), and the port free?"
+		if errors.Is(err, syscall.EADDRINUSE) {
+			oe.Hint = "another rdma_cm id (a listener, or a connection bound to this port) holds it: close it or use another port"
+		}
 		return fail(oe)
 	}
 	if err := id.listen(o.Backlog); err != nil {
-		return fail(e.fail("listen", nil, err))
+		oe := e.fail("listen", nil, err)
+		if errors.Is(err, syscall.EADDRINUSE) {
+			// The bind passed, so no id holds the port: this is the kernel
+			// listening on every device for a wildcard address.
+			oe.Hint = "a wildcard listen listens on every RDMA device, and siw devices whose netdevs have the same ifindex" +
+				" (in different network namespaces) collide: listen on a specific address"
+		}
+		return fail(oe)
 	}
 	l := &Listener{opts: o, id: id, addr: id.localAddr(), reqs: make(chan *ConnRequest, o.Backlog), closed: make(chan struct{})}
 	if e.id.deviceName() != "" {
