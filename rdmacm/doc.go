@@ -54,4 +54,12 @@
 // listener as -111. Destroying an id whose connect is still pending waits
 // for the MPA exchange in the kernel; a cancelled dial therefore returns at
 // once and releases its resources in the background.
+//
+// A listener on a wildcard address listens on every RDMA device. For each
+// siw device the kernel binds a TCP socket, in the listener's network
+// namespace, pinned to the ifindex of the device's netdev; two siw devices
+// whose netdevs sit in different namespaces under the same ifindex (the
+// usual 2 for the first link of a new namespace) collide, and every
+// wildcard Listen fails with EADDRINUSE. Listen on a specific address, or
+// give the netdevs distinct ifindexes (ip link add ... index N).
 package rdmacm
