@@ -307,8 +307,7 @@ func (b *bench) many(ctx context.Context, devs map[string]string) error {
 }
 
 type goResult struct {
-	GIDIndex int `json:"gid_index"`
-	Latency  []struct {
+	Latency []struct {
 		Size  int     `json:"size"`
 		P50us float64 `json:"p50_us"`
 	} `json:"latency"`
@@ -355,15 +354,12 @@ func (b *bench) pingpong(ctx context.Context, addr netip.AddrPort, args ...strin
 	return r, json.Unmarshal([]byte(out), &r)
 }
 
-// perftest runs a perftest tool's server and client on dev and returns
-// the client's result line split into fields. Not over rdma_cm (-R): in
-// the test bed guest perftest 4.5's -R server never listens (rdma_listen
-// fails on the wildcard address, and --source_ip does not help), so the
-// tools exchange QP data over their TCP socket, with the GID index the
-// resolver picks. The data path measured is the same.
-func (b *bench) perftest(ctx context.Context, dev string, gid int, addr netip.AddrPort, tool string, size, iters int) ([]string, error) {
-	args := []string{tool, "-F", "-d", dev, "-x", fmt.Sprint(gid), "-s", fmt.Sprint(size),
-		"-n", fmt.Sprint(iters), "-p", fmt.Sprint(addr.Port())}
+// perftest runs a perftest tool's server and client over rdma_cm (-R), as
+// our examples connect, and returns the client's result line split into
+// fields. The server listens on the wildcard address; the client's
+// connection to addr picks the device.
+func (b *bench) perftest(ctx context.Context, addr netip.AddrPort, tool string, size, iters int) ([]string, error) {
+	args := []string{tool, "-R", "-F", "-s", fmt.Sprint(size), "-n", fmt.Sprint(iters), "-p", fmt.Sprint(addr.Port())}
 	srv := &server{cmd: exec.CommandContext(ctx, args[0], args[1:]...)}
 	srv.cmd.Stdout, srv.cmd.Stderr = &srv.out, &srv.out
 	if err := srv.cmd.Start(); err != nil {
@@ -397,11 +393,9 @@ func (b *bench) perftest(ctx context.Context, dev string, gid int, addr netip.Ad
 func (b *bench) latency(ctx context.Context, devs map[string]string) error {
 	const iters = 5000
 	b.printf("## Send/receive latency (half round trip, median)\n\n")
-	b.printf("`examples/pingpong` (busy-polling client and server processes) vs `ib_send_lat`, %d iterations, rxe only:\n", iters)
-	b.printf("perftest 4.5's rdma_cm mode (-R) fails in the guest (its server's rdma_listen fails), so perftest connects over\n")
-	b.printf("its TCP socket instead (with the GID index our connection used), which iWARP cannot do; the data path is the same.\n\n")
+	b.printf("`examples/pingpong` (busy-polling client and server processes) vs `ib_send_lat -R` (rdma_cm), %d iterations.\n\n", iters)
 	b.printf("| device | size | C µs | Go µs | Go/C | target ≤ %.2f |\n|---|---|---:|---:|---:|---|\n", maxLatencyRatio)
-	for _, dev := range []string{"rxe0"} {
+	for _, dev := range []string{"rxe0", "siw0"} {
 		for _, size := range []int{64, 4096} {
 			var c, g []float64
 			for r := 0; r < b.rounds; r++ {
@@ -412,7 +406,7 @@ func (b *bench) latency(ctx context.Context, devs map[string]string) error {
 				}
 				g = append(g, gr.Latency[0].P50us)
 				addr = netip.AddrPortFrom(addr.Addr(), uint16(b.nextPort()))
-				f, err := b.perftest(ctx, dev, gr.GIDIndex, addr, "ib_send_lat", size, iters)
+				f, err := b.perftest(ctx, addr, "ib_send_lat", size, iters)
 				if err != nil {
 					return err
 				}
@@ -438,11 +432,11 @@ func (b *bench) latency(ctx context.Context, devs map[string]string) error {
 func (b *bench) bandwidth(ctx context.Context, devs map[string]string) error {
 	const size, iters = 65536, 1000
 	b.printf("## RDMA WRITE bandwidth, 64 KiB messages\n\n")
-	b.printf("`examples/pingpong` (128 writes in flight, every 16th signaled) vs `ib_write_bw` (its defaults: 128 in flight, every\n")
-	b.printf("100th signaled; rxe only, as above), %d writes. MB as perftest counts them (its unit is\n", iters)
+	b.printf("`examples/pingpong` (128 writes in flight, every 16th signaled) vs `ib_write_bw -R` (its defaults: 128 in flight, every\n")
+	b.printf("100th signaled), %d writes. MB as perftest counts them (its unit is\n", iters)
 	b.printf("derived from its own message rate, so both columns use the same one).\n\n")
 	b.printf("| device | C MB/s | Go MB/s | Go/C | target ≥ %.2f |\n|---|---:|---:|---:|---|\n", minBWRatio)
-	for _, dev := range []string{"rxe0"} {
+	for _, dev := range []string{"rxe0", "siw0"} {
 		var c, g []float64
 		for r := 0; r < b.rounds; r++ {
 			addr := netip.AddrPortFrom(netip.MustParseAddr(devs[dev]), uint16(b.nextPort()))
@@ -451,7 +445,7 @@ func (b *bench) bandwidth(ctx context.Context, devs map[string]string) error {
 				return err
 			}
 			addr = netip.AddrPortFrom(addr.Addr(), uint16(b.nextPort()))
-			f, err := b.perftest(ctx, dev, gr.GIDIndex, addr, "ib_write_bw", size, iters)
+			f, err := b.perftest(ctx, addr, "ib_write_bw", size, iters)
 			if err != nil {
 				return err
 			}

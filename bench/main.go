@@ -2,8 +2,8 @@
 // rdmago's examples against rdma-core's and perftest's C tools, side by
 // side in the same boot: connection setup per step (cmtime), many
 // concurrent connections, send/recv latency (ib_send_lat), RDMA WRITE
-// bandwidth (ib_write_bw), and cgo crossings per batch. perftest runs over
-// its TCP socket: its rdma_cm mode (-R) never listens in the guest. Each
+// bandwidth (ib_write_bw), and cgo crossings per batch. perftest connects
+// over rdma_cm (-R), as our examples do, on rxe and on siw. Each
 // figure is the median of several rounds; the report goes to a Markdown
 // file, and CPU profiles of the Go side go next to it.
 package main

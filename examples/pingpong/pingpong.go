@@ -228,7 +228,17 @@ func echo(ctx context.Context, conn *rdmacm.Conn, mem *serverMemory) error {
 	if err := conn.Send(ctx, window, 0, rdmacm.RemoteBufferSize); err != nil {
 		return err
 	}
-	p := poller{conn: conn}
+	// The idle wait ends with the connection.
+	idle, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-conn.Done():
+			cancel()
+		case <-idle.Done():
+		}
+	}()
+	p := poller{conn: conn, idle: idle}
 	for {
 		wc, err := p.next(ctx, conn.RecvCQ)
 		if err != nil {
@@ -257,13 +267,30 @@ type poller struct {
 	conn  *rdmacm.Conn
 	wc    [signalEvery]verbs.WorkCompletion
 	sends int // posted, to signal every signalEvery-th
+	// idle, when set, makes next sleep on the CQ's completion channel
+	// (until a completion, or the context ends) after idleSpins empty
+	// polls: the server idles through the client's bandwidth run, where
+	// spinning would take a CPU from the writes, as perftest's server
+	// does not poll then either.
+	idle context.Context
 }
+
+const idleSpins = 2 * 4096
 
 // next busy-polls cq for one completion. Every 4096 empty polls it checks
 // whether the connection or ctx ended, so that it cannot spin forever.
 func (p *poller) next(ctx context.Context, cq *verbs.CQ) (verbs.WorkCompletion, error) {
 	for spins := 0; ; spins++ {
-		n, err := cq.Poll(p.wc[:1])
+		var n int
+		var err error
+		if p.idle != nil && spins >= idleSpins {
+			n, err = cq.PollWait(p.idle, p.wc[:1])
+			if err != nil && p.idle.Err() != nil && ctx.Err() == nil {
+				return verbs.WorkCompletion{}, p.conn.Err() // the connection ended
+			}
+		} else {
+			n, err = cq.Poll(p.wc[:1])
+		}
 		if err != nil {
 			return verbs.WorkCompletion{}, err
 		}
