@@ -59,10 +59,11 @@ func Listen(address string, opts *Options) (*Listener, error) {
 	if err := id.listen(o.Backlog); err != nil {
 		oe := e.fail("listen", nil, err)
 		if errors.Is(err, syscall.EADDRINUSE) {
-			// The bind passed, so no id holds the port: this is the kernel
-			// listening on every device for a wildcard address.
-			oe.Hint = "a wildcard listen listens on every RDMA device, and siw devices whose netdevs have the same ifindex" +
-				" (in different network namespaces) collide: listen on a specific address"
+			// Past the bind: another ReuseAddr id bound the port and
+			// listened first, or a wildcard listen hit the siw collision
+			// (see the package docs on iWARP).
+			oe.Hint = "another id with ReuseAddr listened on this port first; or, on a wildcard address, siw devices whose netdevs" +
+				" have the same ifindex (in different network namespaces) collide: listen on a specific address"
 		}
 		return fail(oe)
 	}
