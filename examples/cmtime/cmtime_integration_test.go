@@ -10,7 +10,6 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -54,9 +53,7 @@ var cmSteps = []string{"create id", "resolve addr", "resolve route", "create qp"
 func TestGoClientCServer(t *testing.T) {
 	for _, dev := range interop.Devices {
 		t.Run(dev, func(t *testing.T) {
-			interop.CheckNoLeaks(t)
-			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-			defer cancel()
+			ctx := interop.Begin(t)
 			addr := interop.Addr(t, dev)
 			a, p := addr.Addr().String(), fmt.Sprint(addr.Port())
 			srv := interop.Start(t, ctx, "cmtime", "-b", a, "-p", p)
@@ -72,9 +69,7 @@ func TestGoClientCServer(t *testing.T) {
 func TestCClientGoServer(t *testing.T) {
 	for _, dev := range interop.Devices {
 		t.Run(dev, func(t *testing.T) {
-			interop.CheckNoLeaks(t)
-			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-			defer cancel()
+			ctx := interop.Begin(t)
 			addr := interop.Addr(t, dev)
 			a, p := addr.Addr().String(), fmt.Sprint(addr.Port())
 			sctx, stop := context.WithCancel(ctx)
@@ -93,9 +88,7 @@ func TestCClientGoServer(t *testing.T) {
 
 // In manual mode the QP transitions are ours, and timed.
 func TestManualGoClientGoServer(t *testing.T) {
-	interop.CheckNoLeaks(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
+	ctx := interop.Begin(t)
 	addr := interop.Addr(t, "rxe0")
 	a, p := addr.Addr().String(), fmt.Sprint(addr.Port())
 	sctx, stop := context.WithCancel(ctx)
@@ -111,9 +104,7 @@ func TestManualGoClientGoServer(t *testing.T) {
 // With no server, every connection fails, the table still prints, and the
 // error says why.
 func TestNoServer(t *testing.T) {
-	interop.CheckNoLeaks(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
+	ctx := interop.Begin(t)
 	addr := interop.Addr(t, "rxe0")
 	var out bytes.Buffer
 	err := run(ctx, []string{"-s", addr.Addr().String(), "-p", fmt.Sprint(addr.Port()), "-c", "4"}, &out)

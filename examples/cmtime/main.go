@@ -11,8 +11,9 @@
 // create QP, connect, disconnect, destroy): each row is the wall time of
 // one step for all connections. Destroy has two rows: "destroy qp" (QP,
 // memory, CQs and PD) and "destroy id". The C client's "destroy" is
-// rdma_destroy_id alone; it leaves its QPs to the end of the process. Every Dial runs on its own goroutine and
-// waits for the others in Options.Trace, which runs between the steps.
+// rdma_destroy_id alone; it leaves its QPs to the end of the process.
+// Every Dial runs on its own goroutine and waits for the others in
+// Options.Trace, which runs between the steps.
 // With -q the QPs are moved by rdmago's manual mode and the INIT, RTR and
 // RTS modifies get rows of their own. The client can talk to the C server
 // ("cmtime" with no -s) and the C client to ours.
@@ -21,19 +22,6 @@
 // threads created and peak resident memory.
 package main
 
-import (
-	"context"
-	"fmt"
-	"os"
-	"os/signal"
-	"syscall"
-)
+import "github.com/rdmago/rdmago/examples/internal/command"
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, os.Args[1:], os.Stdout); err != nil {
-		fmt.Fprintln(os.Stderr, "cmtime:", err)
-		os.Exit(1)
-	}
-}
+func main() { command.Main("cmtime", run) }

@@ -4,12 +4,10 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"net/netip"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -19,9 +17,7 @@ import (
 )
 
 func TestDemoOnEachDevice(t *testing.T) {
-	interop.CheckNoLeaks(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
+	ctx := interop.Begin(t)
 	top := testbed.Require(t)
 	var addrs []string
 	for _, d := range interop.Devices {
@@ -41,9 +37,7 @@ func TestDemoOnEachDevice(t *testing.T) {
 
 // The two ends as separate roles, with the client's results as JSON.
 func TestListenConnectJSON(t *testing.T) {
-	interop.CheckNoLeaks(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
+	ctx := interop.Begin(t)
 	addr := interop.Addr(t, "siw0")
 	srv := interop.Go(func() error { return run(ctx, []string{"-listen", addr.String()}, &bytes.Buffer{}) })
 	srv.WaitListening(t, ctx, addr)
@@ -64,9 +58,7 @@ func TestListenConnectJSON(t *testing.T) {
 }
 
 func TestNothingListening(t *testing.T) {
-	interop.CheckNoLeaks(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
+	ctx := interop.Begin(t)
 	addr := interop.Addr(t, "rxe0")
 	err := run(ctx, []string{"-connect", netip.AddrPortFrom(addr.Addr(), addr.Port()).String()}, &bytes.Buffer{})
 	require.Error(t, err)

@@ -19,19 +19,6 @@
 // refused at once, with the reason.
 package main
 
-import (
-	"context"
-	"fmt"
-	"os"
-	"os/signal"
-	"syscall"
-)
+import "github.com/rdmago/rdmago/examples/internal/command"
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, os.Args[1:], os.Stdout); err != nil {
-		fmt.Fprintln(os.Stderr, "rping:", err)
-		os.Exit(1)
-	}
-}
+func main() { command.Main("rping", run) }

@@ -4,7 +4,6 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"fmt"
 	"testing"
 	"time"
@@ -53,9 +52,7 @@ func TestGoClientCServer(t *testing.T) {
 	for _, dev := range interop.Devices {
 		for _, m := range modes(dev) {
 			t.Run(dev+"/"+m.name, func(t *testing.T) {
-				interop.CheckNoLeaks(t)
-				ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-				defer cancel()
+				ctx := interop.Begin(t)
 				addr := interop.Addr(t, dev)
 				a, p := addr.Addr().String(), fmt.Sprint(addr.Port())
 				srv := interop.Start(t, ctx, append([]string{"rping", "-s", "-v", "-a", a, "-p", p, "-S", "100"}, m.args...)...)
@@ -78,9 +75,7 @@ func TestCClientGoServer(t *testing.T) {
 	for _, dev := range interop.Devices {
 		for _, m := range modes(dev) {
 			t.Run(dev+"/"+m.name, func(t *testing.T) {
-				interop.CheckNoLeaks(t)
-				ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-				defer cancel()
+				ctx := interop.Begin(t)
 				addr := interop.Addr(t, dev)
 				a, p := addr.Addr().String(), fmt.Sprint(addr.Port())
 				var out bytes.Buffer
@@ -104,9 +99,7 @@ func TestGoClientGoServer(t *testing.T) {
 	for _, dev := range interop.Devices {
 		for _, m := range modes(dev) {
 			t.Run(dev+"/"+m.name, func(t *testing.T) {
-				interop.CheckNoLeaks(t)
-				ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-				defer cancel()
+				ctx := interop.Begin(t)
 				addr := interop.Addr(t, dev)
 				a, p := addr.Addr().String(), fmt.Sprint(addr.Port())
 				srv := interop.Go(func() error { return run(ctx, append([]string{"-s", "-a", a, "-p", p}, m.args...), &bytes.Buffer{}) })
@@ -124,9 +117,7 @@ func TestGoClientGoServer(t *testing.T) {
 // iWARP has no manual mode: -q is refused at once, on both sides, where C
 // rping's client would hang.
 func TestManualRefusedOnIWARP(t *testing.T) {
-	interop.CheckNoLeaks(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
+	ctx := interop.Begin(t)
 	addr := interop.Addr(t, "siw0")
 	a, p := addr.Addr().String(), fmt.Sprint(addr.Port())
 

@@ -16,19 +16,6 @@
 // sent.
 package main
 
-import (
-	"context"
-	"fmt"
-	"os"
-	"os/signal"
-	"syscall"
-)
+import "github.com/rdmago/rdmago/examples/internal/command"
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, os.Args[1:], os.Stdout); err != nil {
-		fmt.Fprintln(os.Stderr, "udaddy:", err)
-		os.Exit(1)
-	}
-}
+func main() { command.Main("udaddy", run) }

@@ -4,11 +4,9 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"fmt"
 	"net/netip"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -24,9 +22,7 @@ func cPort(t *testing.T) netip.AddrPort {
 }
 
 func TestGoClientCServer(t *testing.T) {
-	interop.CheckNoLeaks(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
+	ctx := interop.Begin(t)
 	addr := cPort(t)
 	a, p := addr.Addr().String(), fmt.Sprint(addr.Port())
 	srv := interop.Start(t, ctx, "udaddy", "-b", a, "-C", "20", "-S", "512")
@@ -41,9 +37,7 @@ func TestGoClientCServer(t *testing.T) {
 }
 
 func TestCClientGoServer(t *testing.T) {
-	interop.CheckNoLeaks(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
+	ctx := interop.Begin(t)
 	addr := cPort(t)
 	a, p := addr.Addr().String(), fmt.Sprint(addr.Port())
 	var sout bytes.Buffer
@@ -61,9 +55,7 @@ func TestCClientGoServer(t *testing.T) {
 }
 
 func TestGoClientGoServerManyConnections(t *testing.T) {
-	interop.CheckNoLeaks(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
+	ctx := interop.Begin(t)
 	addr := interop.Addr(t, "rxe0")
 	a, p := addr.Addr().String(), fmt.Sprint(addr.Port())
 	srv := interop.Go(func() error { return run(ctx, []string{"-b", a, "-port", p, "-c", "4"}, &bytes.Buffer{}) })
@@ -76,9 +68,7 @@ func TestGoClientGoServerManyConnections(t *testing.T) {
 
 // A datagram larger than the path MTU is refused before it is sent.
 func TestSizeAboveMTURefused(t *testing.T) {
-	interop.CheckNoLeaks(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
+	ctx := interop.Begin(t)
 	addr := cPort(t)
 	a, p := addr.Addr().String(), fmt.Sprint(addr.Port())
 	srv := interop.Start(t, ctx, "udaddy", "-b", a)
@@ -90,9 +80,7 @@ func TestSizeAboveMTURefused(t *testing.T) {
 
 // iWARP has no UD: the refusal says so.
 func TestRefusedOnIWARP(t *testing.T) {
-	interop.CheckNoLeaks(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
+	ctx := interop.Begin(t)
 	addr := interop.Addr(t, "siw0")
 	err := run(ctx, []string{"-b", addr.Addr().String(), "-port", fmt.Sprint(addr.Port())}, &bytes.Buffer{})
 	require.Error(t, err)

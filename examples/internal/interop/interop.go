@@ -176,6 +176,17 @@ func CheckNoLeaks(t testing.TB) {
 	})
 }
 
+// Begin starts a test that runs examples on the test bed: it checks for
+// leaks when the test ends, and returns the test's context, which ends
+// after a minute or with the test.
+func Begin(t testing.TB) context.Context {
+	t.Helper()
+	CheckNoLeaks(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
 var warm sync.Once
 
 // warmUp connects once over each device: librdmacm and the providers keep
