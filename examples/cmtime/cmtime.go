@@ -139,68 +139,127 @@ func serve(ctx context.Context, c config, out io.Writer) error {
 
 // barrier holds each connection's k-th step until every connection still
 // running has done its k-th step, as the C tool runs one step at a time.
+// Within a step it schedules the connections as C's loops do: the steps
+// that are local calls (create id, create qp, the modifies, destroy) are
+// taken in turns, one connection after another, and those that wait for
+// the network start together, their answers arriving in any order.
 type barrier struct {
 	mu      sync.Mutex
-	cond    *sync.Cond
 	parties int
-	arrived []int     // per sequence number
-	release time.Time // when the previous step let go
-	walls   []time.Duration
-	steps   []rdmacm.Step
+	seq     []rdmacm.Step   // the steps expected, in order
+	done    int             // parties through the running step
+	queue   []chan struct{} // parties waiting for their turn at the running step
+	next    []chan struct{} // parties through it, waiting for the next
+	release time.Time       // when the running step began
+	walls   []time.Duration // per step that ended
+	steps   []rdmacm.Step   // per step that ended, as reported
 }
 
-func newBarrier(n int) *barrier {
-	b := &barrier{parties: n, release: time.Now()}
-	b.cond = sync.NewCond(&b.mu)
-	return b
+// inTurns lists the steps that C cmtime runs in a loop of local calls.
+var inTurns = map[rdmacm.Step]bool{
+	rdmacm.StepCreateID: true, rdmacm.StepCreateQP: true, rdmacm.StepInitQP: true, rdmacm.StepRTRQP: true,
+	rdmacm.StepRTSQP: true, rdmacm.StepEstablish: true, rdmacm.StepDestroyQP: true, rdmacm.StepDestroyID: true,
 }
 
-// start starts the first step's clock.
+// stepsOf is the order in which a dial and close report their steps.
+func stepsOf(manual bool) []rdmacm.Step {
+	if manual {
+		return []rdmacm.Step{rdmacm.StepCreateID, rdmacm.StepResolveAddr, rdmacm.StepResolveRoute, rdmacm.StepCreateQP,
+			rdmacm.StepInitQP, rdmacm.StepConnect, rdmacm.StepInitQP, rdmacm.StepRTRQP, rdmacm.StepRTSQP,
+			rdmacm.StepEstablish, rdmacm.StepDisconnect, rdmacm.StepDestroyQP, rdmacm.StepDestroyID}
+	}
+	return []rdmacm.Step{rdmacm.StepCreateID, rdmacm.StepResolveAddr, rdmacm.StepResolveRoute, rdmacm.StepCreateQP,
+		rdmacm.StepConnect, rdmacm.StepDisconnect, rdmacm.StepDestroyQP, rdmacm.StepDestroyID}
+}
+
+func newBarrier(seq []rdmacm.Step) *barrier {
+	return &barrier{seq: seq}
+}
+
+// join adds a party, which waits on turn for each step to begin.
+func (b *barrier) join(turn chan struct{}) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.parties++
+	b.queue = append(b.queue, turn)
+}
+
+// start begins the first step.
 func (b *barrier) start() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.release = time.Now()
+	b.letGo()
 }
 
-// arrive records step s as a party's k-th and waits for the others.
-func (b *barrier) arrive(k int, s rdmacm.Step) {
+// running is the step under way, as expected.
+func (b *barrier) running() (rdmacm.Step, bool) {
+	if k := len(b.walls); k < len(b.seq) {
+		return b.seq[k], true
+	}
+	return 0, false
+}
+
+// letGo starts the next party waiting at the running step, or all of them.
+func (b *barrier) letGo() {
+	if s, ok := b.running(); ok && inTurns[s] {
+		if len(b.queue) > 0 {
+			b.queue[0] <- struct{}{}
+			b.queue = b.queue[1:]
+		}
+		return
+	}
+	for _, t := range b.queue {
+		t <- struct{}{}
+	}
+	b.queue = nil
+}
+
+// arrive records that a party did step s, and waits on turn until the next
+// step lets it go.
+func (b *barrier) arrive(s rdmacm.Step, turn chan struct{}) {
 	b.mu.Lock()
-	defer b.mu.Unlock()
-	for len(b.arrived) <= k {
-		b.arrived = append(b.arrived, 0)
+	b.done++
+	b.next = append(b.next, turn)
+	if len(b.steps) == len(b.walls) {
 		b.steps = append(b.steps, s)
 	}
-	b.arrived[k]++
-	b.check(k)
-	for b.arrived[k] < b.parties {
-		b.cond.Wait()
-	}
+	b.advance()
+	b.mu.Unlock()
+	<-turn
 }
 
-// check ends step k once every party has done it.
-func (b *barrier) check(k int) {
-	if k < len(b.arrived) && b.arrived[k] >= b.parties && len(b.walls) == k {
-		now := time.Now()
-		b.walls = append(b.walls, now.Sub(b.release))
-		b.release = now
-		b.cond.Broadcast()
-	}
-}
-
-// leave drops a party that failed.
+// leave drops a party that failed or finished. A failure in a step taken in
+// turns passes the turn on.
 func (b *barrier) leave() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.parties--
-	b.check(len(b.walls))
-	b.cond.Broadcast()
+	b.advance()
+}
+
+// advance ends the running step once every party is through it, else lets
+// the next party in turn go.
+func (b *barrier) advance() {
+	if b.done < b.parties || b.parties == 0 {
+		if len(b.queue) > 0 {
+			if s, ok := b.running(); ok && inTurns[s] {
+				b.letGo()
+			}
+		}
+		return
+	}
+	now := time.Now()
+	b.walls = append(b.walls, now.Sub(b.release))
+	b.release = now
+	b.done, b.queue, b.next = 0, b.next, nil
+	b.letGo()
 }
 
 // node is one connection's times, per step (a step may occur twice: the
 // manual dialer takes its QP to INIT again after the reply).
 type node struct {
 	d  map[rdmacm.Step]time.Duration
-	k  int
 	ok bool
 }
 
@@ -228,7 +287,7 @@ func connectAll(ctx context.Context, c config) (*result, error) {
 	if err := rdmacm.Init(); err != nil {
 		return nil, err
 	}
-	r := &result{conns: c.conns, nodes: make([]*node, c.conns), b: newBarrier(c.conns)}
+	r := &result{conns: c.conns, nodes: make([]*node, c.conns), b: newBarrier(stepsOf(c.manual))}
 	var mu sync.Mutex
 	fail := func(err error) {
 		mu.Lock()
@@ -238,9 +297,9 @@ func connectAll(ctx context.Context, c config) (*result, error) {
 			r.err = err
 		}
 	}
-	// The goroutines are started before the clock, as C starts its
+	// The goroutines are up before the clock starts, as C starts its
 	// threads before its first step.
-	start := make(chan struct{})
+	var ready sync.WaitGroup
 	var wg sync.WaitGroup
 	for i := range r.nodes {
 		n := &node{d: map[rdmacm.Step]time.Duration{}}
@@ -260,19 +319,21 @@ func connectAll(ctx context.Context, c config) (*result, error) {
 		if c.manual {
 			o.Mode = rdmacm.ModeManual
 		}
+		turn := make(chan struct{}, 1)
 		o.Trace = func(s rdmacm.Step, _ time.Time, d time.Duration) {
 			n.d[s] += d
-			k := n.k
-			n.k++
-			r.b.arrive(k, s)
+			r.b.arrive(s, turn)
 		}
+		r.b.join(turn)
 		wg.Add(1)
+		ready.Add(1)
 		go func() {
 			defer wg.Done()
-			<-start
+			defer r.b.leave()
+			ready.Done()
+			<-turn
 			conn, err := rdmacm.Dial(ctx, dst, o)
 			if err != nil {
-				r.b.leave()
 				fail(err)
 				return
 			}
@@ -282,8 +343,8 @@ func connectAll(ctx context.Context, c config) (*result, error) {
 			}
 		}()
 	}
+	ready.Wait()
 	r.b.start()
-	close(start)
 	wg.Wait()
 	r.threads = pprof.Lookup("threadcreate").Count()
 	r.peakRSS = procStatus("VmHWM")
