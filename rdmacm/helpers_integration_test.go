@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
-	"strings"
 	"testing"
 	"time"
 
@@ -57,17 +56,8 @@ func (d device) at(port int) string { return fmt.Sprintf("%s:%d", d.addr, port) 
 // kernelObjects counts this process's RDMA objects as the kernel lists them.
 func kernelObjects(t *testing.T) map[string]int {
 	t.Helper()
-	counts := map[string]int{}
-	pid := fmt.Sprintf(" pid %d ", os.Getpid())
-	for _, kind := range []string{"cm_id", "qp", "cq", "mr", "pd"} {
-		out, err := exec.Command("rdma", "resource", "show", kind).CombinedOutput()
-		require.NoError(t, err, "%s", out)
-		for _, line := range strings.Split(string(out), "\n") {
-			if strings.Contains(line+" ", pid) {
-				counts[kind]++
-			}
-		}
-	}
+	counts, err := testbed.Objects()
+	require.NoError(t, err)
 	return counts
 }
 

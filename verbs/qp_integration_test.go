@@ -10,9 +10,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"os"
-	"os/exec"
-	"strings"
 	"testing"
 	"time"
 
@@ -26,17 +23,8 @@ import (
 // resources counts this process's RDMA objects as the kernel sees them.
 func resources(t *testing.T) map[string]int {
 	t.Helper()
-	counts := map[string]int{}
-	pid := fmt.Sprintf(" pid %d ", os.Getpid())
-	for _, kind := range []string{"qp", "cq", "mr", "pd"} {
-		out, err := exec.Command("rdma", "resource", "show", kind).CombinedOutput()
-		require.NoError(t, err, "%s", out)
-		for _, line := range strings.Split(string(out), "\n") {
-			if strings.Contains(line+" ", pid) {
-				counts[kind]++
-			}
-		}
-	}
+	counts, err := testbed.Objects()
+	require.NoError(t, err)
 	return counts
 }
 

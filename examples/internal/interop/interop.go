@@ -223,20 +223,15 @@ func openFDs() int {
 	return len(ents)
 }
 
-var objMu sync.Mutex
-
 // rdmaObjects counts this process's CM ids, QPs, CQs, MRs and PDs.
 func rdmaObjects(t testing.TB) string {
-	objMu.Lock()
-	defer objMu.Unlock()
+	counts, err := testbed.Objects()
+	if err != nil {
+		t.Fatal(err)
+	}
 	var b strings.Builder
-	pid := fmt.Sprintf("pid %d ", os.Getpid())
-	for _, kind := range []string{"cm_id", "qp", "cq", "mr", "pd"} {
-		out, err := exec.Command("rdma", "resource", "show", kind).CombinedOutput()
-		if err != nil {
-			t.Fatalf("rdma resource show %s: %v: %s", kind, err, out)
-		}
-		fmt.Fprintf(&b, "%s=%d ", kind, strings.Count(string(out), pid))
+	for _, kind := range testbed.ObjectKinds {
+		fmt.Fprintf(&b, "%s=%d ", kind, counts[kind])
 	}
 	return b.String()
 }

@@ -1,0 +1,68 @@
+package testbed
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+)
+
+// ObjectKinds are the RDMA objects Objects counts.
+var ObjectKinds = []string{"cm_id", "qp", "cq", "mr", "pd"}
+
+// Objects counts, inside a guest, the RDMA objects of each kind that this
+// process holds, as 'rdma resource show' lists them. The kernel names an
+// object's owner by the thread that made it, not the process: a Go program
+// makes them on whichever thread its goroutine ran, so every thread of the
+// process counts.
+func Objects() (map[string]int, error) {
+	tids, err := threadIDs()
+	if err != nil {
+		return nil, err
+	}
+	counts := map[string]int{}
+	for _, kind := range ObjectKinds {
+		out, err := exec.Command("rdma", "resource", "show", kind).CombinedOutput()
+		if err != nil {
+			return nil, fmt.Errorf("testbed: rdma resource show %s: %w: %s", kind, err, out)
+		}
+		if n := countOwned(string(out), tids); n > 0 {
+			counts[kind] = n
+		}
+	}
+	return counts, nil
+}
+
+// threadIDs lists this process's threads.
+func threadIDs() (map[int]bool, error) {
+	ents, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		return nil, fmt.Errorf("testbed: listing this process's threads: %w", err)
+	}
+	tids := map[int]bool{}
+	for _, e := range ents {
+		if id, err := strconv.Atoi(e.Name()); err == nil {
+			tids[id] = true
+		}
+	}
+	return tids, nil
+}
+
+// countOwned counts the lines of 'rdma resource show' output whose "pid"
+// is one of tids. Objects the kernel owns have no pid.
+func countOwned(out string, tids map[int]bool) int {
+	n := 0
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Fields(line)
+		for i := 0; i+1 < len(f); i++ {
+			if f[i] == "pid" {
+				if id, err := strconv.Atoi(f[i+1]); err == nil && tids[id] {
+					n++
+				}
+				break
+			}
+		}
+	}
+	return n
+}
