@@ -530,8 +530,9 @@ type QP struct {
 	rdesc *C.struct_rdmago_rwr
 	rwrs  *C.struct_ibv_recv_wr
 	sges  *C.struct_ibv_sge
-	nWR   int // capacity of sdesc/swrs/rdesc/rwrs
-	nSGE  int // capacity of sges
+	bad   *C.int // the index of the request a post refused: in C memory, so that posting allocates nothing
+	nWR   int    // capacity of sdesc/swrs/rdesc/rwrs
+	nSGE  int    // capacity of sges
 }
 
 // CreateQP creates a queue pair in RESET.
@@ -657,6 +658,9 @@ func (q *QP) Query(mask AttrMask) (QPAttr, error) {
 
 // growScratch makes room for n work requests with s SGEs in C memory.
 func (q *QP) growScratch(n, s int) {
+	if q.bad == nil {
+		q.bad = (*C.int)(C.malloc(C.sizeof_int))
+	}
 	if n > q.nWR {
 		q.sdesc = (*C.struct_rdmago_swr)(C.realloc(unsafe.Pointer(q.sdesc), C.size_t(n)*C.sizeof_struct_rdmago_swr))
 		q.swrs = (*C.struct_ibv_send_wr)(C.realloc(unsafe.Pointer(q.swrs), C.size_t(n)*C.sizeof_struct_ibv_send_wr))
@@ -704,8 +708,8 @@ func (q *QP) PostSend(wrs ...SendWR) error {
 		fillSGEs(sges[s:], w.SGEs)
 		s += len(w.SGEs)
 	}
-	var bad C.int
-	if rc := C.rdmago_post_send(q.qp, q.sdesc, C.int(len(wrs)), q.sges, q.swrs, &bad); rc != 0 {
+	if rc := C.rdmago_post_send(q.qp, q.sdesc, C.int(len(wrs)), q.sges, q.swrs, q.bad); rc != 0 {
+		bad := *q.bad
 		e := &OpError{Op: "ibv_post_send", Device: q.pd.dev.Info.Name, QPN: q.QPN, Err: syscall.Errno(rc)}
 		if bad >= 0 {
 			e.Detail = fmt.Sprintf("work request %d (%v) of %d", bad, wrs[bad].Opcode, len(wrs))
@@ -740,8 +744,7 @@ func (q *QP) PostRecv(wrs ...RecvWR) error {
 		fillSGEs(sges[s:], w.SGEs)
 		s += len(w.SGEs)
 	}
-	var bad C.int
-	if rc := C.rdmago_post_recv(q.qp, q.rdesc, C.int(len(wrs)), q.sges, q.rwrs, &bad); rc != 0 {
+	if rc := C.rdmago_post_recv(q.qp, q.rdesc, C.int(len(wrs)), q.sges, q.rwrs, q.bad); rc != 0 {
 		e := &OpError{Op: "ibv_post_recv", Device: q.pd.dev.Info.Name, QPN: q.QPN, Err: syscall.Errno(rc)}
 		if errors.Is(e.Err, syscall.ENOMEM) {
 			e.Hint = "the receive queue is full: raise Cap.MaxRecvWR"
@@ -765,10 +768,10 @@ func (q *QP) Close() error {
 	}
 	q.qp = nil
 	for _, p := range []unsafe.Pointer{unsafe.Pointer(q.sdesc), unsafe.Pointer(q.swrs), unsafe.Pointer(q.rdesc),
-		unsafe.Pointer(q.rwrs), unsafe.Pointer(q.sges)} {
+		unsafe.Pointer(q.rwrs), unsafe.Pointer(q.sges), unsafe.Pointer(q.bad)} {
 		C.free(p)
 	}
-	q.sdesc, q.swrs, q.rdesc, q.rwrs, q.sges, q.nWR, q.nSGE = nil, nil, nil, nil, nil, 0, 0
+	q.sdesc, q.swrs, q.rdesc, q.rwrs, q.sges, q.bad, q.nWR, q.nSGE = nil, nil, nil, nil, nil, nil, 0, 0
 	return nil
 }
 

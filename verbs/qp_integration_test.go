@@ -346,3 +346,49 @@ func TestManualTransitionsRefusedOnSIW(t *testing.T) {
 	_, err = pd.CreateQP(verbs.QPInit{Type: verbs.QPTypeUD, SendCQ: e.cq, RecvCQ: e.cq, Cap: verbs.QPCap{MaxSendWR: 1, MaxRecvWR: 1, MaxSendSGE: 1, MaxRecvSGE: 1}})
 	assert.ErrorContains(t, err, "iWARP supports RC QPs only")
 }
+
+// Posting and polling are the hot path: they must not allocate, or a busy
+// connection feeds the garbage collector on every message.
+func TestPostAndPollAllocateNothing(t *testing.T) {
+	checkNoLeaks(t)
+	dev, pd, port, gid, gidIndex := openRXE(t)
+	a, b := newEndpoint(t, dev, pd, verbs.QPTypeRC), newEndpoint(t, dev, pd, verbs.QPTypeRC)
+	connectByHand(t, verbs.QPTypeRC, a, b.qp.QPN, 11, 13, gid, gidIndex, port.ActiveMTU)
+	connectByHand(t, verbs.QPTypeRC, b, a.qp.QPN, 13, 11, gid, gidIndex, port.ActiveMTU)
+
+	recv := []verbs.RecvWR{{ID: 1, SGEs: []verbs.SGE{b.mr.SGE(0, 64)}}}
+	send := []verbs.SendWR{{ID: 2, Opcode: verbs.OpSend, Flags: verbs.SendSignaled, SGEs: []verbs.SGE{a.mr.SGE(0, 64)}}}
+	wcs := make([]verbs.WorkCompletion, 4)
+	var failure error
+	roundTrip := func() {
+		if err := b.qp.PostRecv(recv...); err != nil {
+			failure = err
+			return
+		}
+		if err := a.qp.PostSend(send...); err != nil {
+			failure = err
+			return
+		}
+		for _, cq := range []*verbs.CQ{a.cq, b.cq} {
+			for deadline := time.Now().Add(5 * time.Second); ; {
+				n, err := cq.Poll(wcs[:1])
+				if err != nil || n == 1 && wcs[0].Status != verbs.WCSuccess {
+					failure = fmt.Errorf("poll: %v, status %v", err, wcs[0].Status)
+					return
+				}
+				if n == 1 {
+					break
+				}
+				if time.Now().After(deadline) {
+					failure = errors.New("no completion within 5 s")
+					return
+				}
+			}
+		}
+	}
+	roundTrip() // the scratch memory is allocated (in C) on first use
+	require.NoError(t, failure)
+	allocs := testing.AllocsPerRun(200, roundTrip)
+	require.NoError(t, failure)
+	assert.Zero(t, allocs, "heap allocations per post, post and two polls")
+}
