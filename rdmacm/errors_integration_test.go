@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os/exec"
 	"syscall"
 	"testing"
@@ -139,6 +140,38 @@ func TestListenOnAPortInUse(t *testing.T) {
 			assert.Contains(t, err.Error(), "another rdma_cm id")
 		}
 	})
+}
+
+// A wildcard listen makes siw bind one TCP socket per siw device, in the
+// caller's namespace, pinned to the ifindex of the device's netdev: two
+// siw devices on netdevs with the same ifindex (in two namespaces) collide,
+// and the listen step says why.
+func TestWildcardListenOnCollidingSIWDevices(t *testing.T) {
+	checkNoLeaks(t)
+	const index = "300"
+	for _, side := range []string{"a", "b"} {
+		ns, dev := "rdmago-clash-"+side, "siwclash"+side
+		run(t, "ip", "netns", "add", ns)
+		t.Cleanup(func() {
+			for _, args := range [][]string{{"rdma", "link", "delete", dev}, {"ip", "netns", "delete", ns}} {
+				if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
+					t.Logf("cleaning up: %v: %v: %s", args, err, out)
+				}
+			}
+		})
+		run(t, "ip", "-n", ns, "link", "add", "clash", "index", index, "type", "dummy")
+		run(t, "ip", "-n", ns, "link", "set", "clash", "up")
+		run(t, "ip", "netns", "exec", ns, "rdma", "link", "add", dev, "type", "siw", "netdev", "clash")
+	}
+	l, err := rdmacm.Listen(fmt.Sprintf("0.0.0.0:%d", port()), nil)
+	if err == nil {
+		l.Close()
+	}
+	require.ErrorIs(t, err, syscall.EADDRINUSE)
+	var oe *rdmacm.OpError
+	require.ErrorAs(t, err, &oe)
+	assert.Equal(t, "listen", oe.Op)
+	assert.Contains(t, err.Error(), "siw devices whose netdevs have the same ifindex")
 }
 
 func TestDialAddressWithoutRDMADevice(t *testing.T) {
