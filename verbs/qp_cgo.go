@@ -586,8 +586,8 @@ func (q *QP) State() QPState {
 func (q *QP) Modify(attr *QPAttr, mask AttrMask) error {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if q.qp == nil {
-		return &OpError{Op: "modify QP", Device: q.pd.dev.Info.Name, QPN: q.QPN, Err: syscall.EBADF, Hint: "the QP is closed"}
+	if err := q.closedError("modify QP"); err != nil {
+		return err
 	}
 	from, to := q.state, q.state
 	if mask&AttrState != 0 {
@@ -646,6 +646,9 @@ func (q *QP) Modify(attr *QPAttr, mask AttrMask) error {
 func (q *QP) Query(mask AttrMask) (QPAttr, error) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	if err := q.closedError("ibv_query_qp"); err != nil {
+		return QPAttr{}, err
+	}
 	var qa C.struct_ibv_qp_attr
 	var qi C.struct_ibv_qp_init_attr
 	if rc := C.ibv_query_qp(q.qp, &qa, C.int(mask|AttrState), &qi); rc != 0 {
@@ -654,6 +657,14 @@ func (q *QP) Query(mask AttrMask) (QPAttr, error) {
 	a := attrFromC(&qa)
 	q.state = a.State
 	return a, nil
+}
+
+// closedError refuses op on a closed QP (whose handle C would dereference).
+func (q *QP) closedError(op string) error {
+	if q.qp == nil {
+		return &OpError{Op: op, Device: q.pd.dev.Info.Name, QPN: q.QPN, Err: syscall.EBADF, Hint: "the QP is closed"}
+	}
+	return nil
 }
 
 // growScratch makes room for n work requests with s SGEs in C memory.
@@ -688,6 +699,9 @@ func (q *QP) PostSend(wrs ...SendWR) error {
 	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	if err := q.closedError("ibv_post_send"); err != nil {
+		return err
+	}
 	total := 0
 	for _, w := range wrs {
 		total += len(w.SGEs)
@@ -731,6 +745,9 @@ func (q *QP) PostRecv(wrs ...RecvWR) error {
 	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	if err := q.closedError("ibv_post_recv"); err != nil {
+		return err
+	}
 	total := 0
 	for _, w := range wrs {
 		total += len(w.SGEs)

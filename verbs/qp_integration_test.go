@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"syscall"
 	"testing"
 	"time"
 
@@ -249,6 +250,17 @@ func connectByHand(t *testing.T, qpType verbs.QPType, self *endpointQP, peerQPN,
 	require.Equal(t, verbs.QPStateRTS, self.qp.State())
 }
 
+// pairOnRXE makes two QPs of qpType on rxe, connected to each other by
+// hand, with send PSNs psnA and psnB.
+func pairOnRXE(t *testing.T, qpType verbs.QPType, psnA, psnB uint32) (a, b *endpointQP) {
+	t.Helper()
+	dev, pd, port, gid, gidIndex := openRXE(t)
+	a, b = newEndpoint(t, dev, pd, qpType), newEndpoint(t, dev, pd, qpType)
+	connectByHand(t, qpType, a, b.qp.QPN, psnA, psnB, gid, gidIndex, port.ActiveMTU)
+	connectByHand(t, qpType, b, a.qp.QPN, psnB, psnA, gid, gidIndex, port.ActiveMTU)
+	return a, b
+}
+
 const udQKey = 0x11111111
 
 func openRXE(t *testing.T) (dev *verbs.Device, pd *verbs.PD, port verbs.PortAttr, gid verbs.GID, gidIndex int) {
@@ -267,10 +279,7 @@ func openRXE(t *testing.T) (dev *verbs.Device, pd *verbs.PD, port verbs.PortAttr
 
 func TestUCByHandOnRXE(t *testing.T) {
 	checkNoLeaks(t)
-	dev, pd, port, gid, gidIndex := openRXE(t)
-	a, b := newEndpoint(t, dev, pd, verbs.QPTypeUC), newEndpoint(t, dev, pd, verbs.QPTypeUC)
-	connectByHand(t, verbs.QPTypeUC, a, b.qp.QPN, 7, 9, gid, gidIndex, port.ActiveMTU)
-	connectByHand(t, verbs.QPTypeUC, b, a.qp.QPN, 9, 7, gid, gidIndex, port.ActiveMTU)
+	a, b := pairOnRXE(t, verbs.QPTypeUC, 7, 9)
 
 	copy(a.mr.Bytes(), "unreliable but connected")
 	require.NoError(t, b.qp.PostRecv(verbs.RecvWR{ID: 1, SGEs: []verbs.SGE{b.mr.SGE(0, 64)}}))
@@ -351,10 +360,7 @@ func TestManualTransitionsRefusedOnSIW(t *testing.T) {
 // connection feeds the garbage collector on every message.
 func TestPostAndPollAllocateNothing(t *testing.T) {
 	checkNoLeaks(t)
-	dev, pd, port, gid, gidIndex := openRXE(t)
-	a, b := newEndpoint(t, dev, pd, verbs.QPTypeRC), newEndpoint(t, dev, pd, verbs.QPTypeRC)
-	connectByHand(t, verbs.QPTypeRC, a, b.qp.QPN, 11, 13, gid, gidIndex, port.ActiveMTU)
-	connectByHand(t, verbs.QPTypeRC, b, a.qp.QPN, 13, 11, gid, gidIndex, port.ActiveMTU)
+	a, b := pairOnRXE(t, verbs.QPTypeRC, 11, 13)
 
 	recv := []verbs.RecvWR{{ID: 1, SGEs: []verbs.SGE{b.mr.SGE(0, 64)}}}
 	send := []verbs.SendWR{{ID: 2, Opcode: verbs.OpSend, Flags: verbs.SendSignaled, SGEs: []verbs.SGE{a.mr.SGE(0, 64)}}}
@@ -391,4 +397,32 @@ func TestPostAndPollAllocateNothing(t *testing.T) {
 	allocs := testing.AllocsPerRun(200, roundTrip)
 	require.NoError(t, failure)
 	assert.Zero(t, allocs, "heap allocations per post, post and two polls")
+}
+
+// A closed QP or CQ refuses every use with EBADF: the handle is gone, and
+// C must never see it.
+func TestClosedQPAndCQRefuseUse(t *testing.T) {
+	checkNoLeaks(t)
+	dev, pd, _, _, _ := openRXE(t)
+	cq, err := dev.CreateCQ(4)
+	require.NoError(t, err)
+	defer cq.Close()
+	qp, err := pd.CreateQP(verbs.QPInit{Type: verbs.QPTypeRC, SendCQ: cq, RecvCQ: cq,
+		Cap: verbs.QPCap{MaxSendWR: 1, MaxRecvWR: 1, MaxSendSGE: 1, MaxRecvSGE: 1}})
+	require.NoError(t, err)
+	require.NoError(t, qp.Close())
+	require.NoError(t, qp.Close(), "closing twice is harmless")
+
+	uses := map[string]error{
+		"post send": qp.PostSend(verbs.SendWR{Opcode: verbs.OpSend}),
+		"post recv": qp.PostRecv(verbs.RecvWR{}),
+		"modify":    qp.Modify(&verbs.QPAttr{State: verbs.QPStateInit}, verbs.AttrState),
+	}
+	_, uses["query"] = qp.Query(verbs.AttrState)
+	require.NoError(t, cq.Close())
+	_, uses["poll"] = cq.Poll(make([]verbs.WorkCompletion, 1))
+	for use, err := range uses {
+		assert.ErrorIs(t, err, syscall.EBADF, use)
+		assert.ErrorContains(t, err, "is closed", use)
+	}
 }
