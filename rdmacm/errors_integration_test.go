@@ -133,11 +133,7 @@ func TestListenOnAPortInUse(t *testing.T) {
 			opts := &rdmacm.Options{ReuseAddr: reuse}
 			_, addr := listen(t, d, opts)
 			_, err := rdmacm.Listen(addr, opts)
-			require.ErrorIs(t, err, syscall.EADDRINUSE)
-			var oe *rdmacm.OpError
-			require.ErrorAs(t, err, &oe)
-			assert.Equal(t, "bind", oe.Op)
-			assert.Contains(t, err.Error(), "another rdma_cm id")
+			requireAddrInUse(t, err, "bind", "another rdma_cm id")
 		}
 	})
 }
@@ -167,11 +163,18 @@ func TestWildcardListenOnCollidingSIWDevices(t *testing.T) {
 	if err == nil {
 		l.Close()
 	}
+	requireAddrInUse(t, err, "listen", "siw devices whose netdevs have the same ifindex")
+}
+
+// requireAddrInUse checks that a Listen failed with EADDRINUSE at step op,
+// and that its error explains it with hint.
+func requireAddrInUse(t *testing.T, err error, op, hint string) {
+	t.Helper()
 	require.ErrorIs(t, err, syscall.EADDRINUSE)
 	var oe *rdmacm.OpError
 	require.ErrorAs(t, err, &oe)
-	assert.Equal(t, "listen", oe.Op)
-	assert.Contains(t, err.Error(), "siw devices whose netdevs have the same ifindex")
+	assert.Equal(t, op, oe.Op)
+	assert.Contains(t, err.Error(), hint)
 }
 
 func TestDialAddressWithoutRDMADevice(t *testing.T) {
