@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -60,25 +59,22 @@ func parse(args []string, out io.Writer) (config, error) {
 	return c, nil
 }
 
-func run(ctx context.Context, args []string, out io.Writer) (err error) {
+func run(ctx context.Context, args []string, out io.Writer) error {
 	c, err := parse(args, out)
 	if err != nil {
 		return err
 	}
-	stop, err := profile.Start(*c.cpuprofile)
-	if err != nil {
-		return err
-	}
-	defer func() { err = errors.Join(err, stop()) }()
-	if c.server == "" {
-		return serve(ctx, c, out)
-	}
-	r, err := connectAll(ctx, c)
-	if err != nil {
-		return err
-	}
-	r.print(out)
-	return r.err
+	return profile.Run(*c.cpuprofile, func() error {
+		if c.server == "" {
+			return serve(ctx, c, out)
+		}
+		r, err := connectAll(ctx, c)
+		if err != nil {
+			return err
+		}
+		r.print(out)
+		return r.err
+	})
 }
 
 // options are the C tool's: one-entry queues, one read in flight, no

@@ -83,16 +83,16 @@ func parse(args []string, out io.Writer) (config, error) {
 	return c, nil
 }
 
-func run(ctx context.Context, args []string, out io.Writer) (err error) {
+func run(ctx context.Context, args []string, out io.Writer) error {
 	c, err := parse(args, out)
 	if err != nil {
 		return err
 	}
-	stop, err := profile.Start(*c.cpuprofile)
-	if err != nil {
-		return err
-	}
-	defer func() { err = errors.Join(err, stop()) }()
+	return profile.Run(*c.cpuprofile, func() error { return measure(ctx, c, out) })
+}
+
+// measure runs what the flags ask: a server, a client, or both ends here.
+func measure(ctx context.Context, c config, out io.Writer) error {
 	switch {
 	case c.listen != "":
 		return serveOne(ctx, c.listen)

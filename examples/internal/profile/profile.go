@@ -3,6 +3,7 @@
 package profile
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -14,25 +15,25 @@ func Flag(fs *flag.FlagSet) *string {
 	return fs.String("cpuprofile", "", "write a CPU profile (go tool pprof format) to `file`")
 }
 
-// Start profiles the process into path until stop is called; with an
-// empty path it does nothing.
-func Start(path string) (stop func() error, err error) {
+// Run runs f with the process's CPU profile written to path; with an empty
+// path it just runs f. An error closing the profile joins f's.
+func Run(path string, f func() error) (err error) {
 	if path == "" {
-		return func() error { return nil }, nil
+		return f()
 	}
-	f, err := os.Create(path)
+	file, err := os.Create(path)
 	if err != nil {
-		return nil, fmt.Errorf("cpu profile: %w", err)
+		return fmt.Errorf("cpu profile: %w", err)
 	}
-	if err := pprof.StartCPUProfile(f); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("cpu profile %s: %w", path, err)
+	if err := pprof.StartCPUProfile(file); err != nil {
+		file.Close()
+		return fmt.Errorf("cpu profile %s: %w", path, err)
 	}
-	return func() error {
+	defer func() {
 		pprof.StopCPUProfile()
-		if err := f.Close(); err != nil {
-			return fmt.Errorf("cpu profile %s: %w", path, err)
+		if cerr := file.Close(); cerr != nil {
+			err = errors.Join(err, fmt.Errorf("cpu profile %s: %w", path, cerr))
 		}
-		return nil
-	}, nil
+	}()
+	return f()
 }

@@ -1,0 +1,28 @@
+package profile
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestRunWritesTheProfileAndKeepsTheError(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "cpu.prof")
+	want := errors.New("the run's own error")
+	err := Run(path, func() error { return want })
+	assert.ErrorIs(t, err, want)
+	fi, err := os.Stat(path)
+	require.NoError(t, err)
+	assert.Positive(t, fi.Size(), "a profile, even of a short run, has a header")
+
+	ran := false
+	require.NoError(t, Run("", func() error { ran = true; return nil }))
+	assert.True(t, ran, "without a path f still runs")
+
+	err = Run(filepath.Join(t.TempDir(), "missing", "cpu.prof"), func() error { t.Fatal("ran without its profile"); return nil })
+	assert.ErrorContains(t, err, "cpu profile")
+}
