@@ -131,7 +131,11 @@ func (e *endpoint) dial(ctx context.Context) (*Conn, error) {
 		return e.conn(peerData, o.Mode), nil
 	case EventRejected:
 		oe := e.failEvent("connect", nil, ev)
-		oe.Err = &RejectedError{Status: ev.Status, PrivateData: peerData}
+		rej := &RejectedError{Status: ev.Status, PrivateData: peerData}
+		if why := decodeRefusal(ev.PrivateData); why != RefusalNone && !o.RawPrivateData {
+			rej.Refusal, rej.PrivateData, oe.Hint = why, nil, why.hint()
+		}
+		oe.Err = rej
 		return nil, oe
 	case EventUnreachable:
 		return nil, e.failEvent("connect", ErrUnreachable, ev)

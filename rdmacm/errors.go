@@ -16,10 +16,13 @@ var (
 	ErrRouteResolution = errors.New("route resolution failed")
 	ErrUnreachable     = errors.New("peer unreachable")
 	ErrRejected        = errors.New("connection rejected")
-	ErrConnect         = errors.New("connection failed")
-	ErrDisconnected    = errors.New("disconnected")
-	ErrDeviceRemoved   = errors.New("RDMA device removed")
-	ErrAddrChanged     = errors.New("local address changed")
+	// ErrBacklogFull: an rdmago listener refused the request because its
+	// backlog was full; a retry may succeed. It implies ErrRejected.
+	ErrBacklogFull   = errors.New("listener backlog full")
+	ErrConnect       = errors.New("connection failed")
+	ErrDisconnected  = errors.New("disconnected")
+	ErrDeviceRemoved = errors.New("RDMA device removed")
+	ErrAddrChanged   = errors.New("local address changed")
 	// ErrTimeout: a step got no answer within its timeout.
 	ErrTimeout = errors.New("timed out")
 	// ErrPrivateDataTooLong: refused before anything was sent.
@@ -116,10 +119,53 @@ type RejectedError struct {
 	Status int
 	// PrivateData is what the peer passed to Reject (without rdmago's header).
 	PrivateData []byte
+	// Refusal is set when an rdmago listener refused the request by itself,
+	// before its application saw it.
+	Refusal Refusal
+}
+
+// Refusal is why an rdmago listener refused a connect request without its
+// application's say.
+type Refusal uint8
+
+const (
+	RefusalNone Refusal = iota
+	// RefusalBacklogFull: Options.Backlog requests were already waiting for
+	// Request or Accept. A later attempt may succeed.
+	RefusalBacklogFull
+	// RefusalListenerClosed: the listener closed with the request waiting.
+	RefusalListenerClosed
+)
+
+func (r Refusal) String() string {
+	switch r {
+	case RefusalNone:
+		return "none"
+	case RefusalBacklogFull:
+		return "the listener's backlog was full"
+	case RefusalListenerClosed:
+		return "the listener closed before taking the request"
+	}
+	return fmt.Sprintf("Refusal(%d)", uint8(r))
+}
+
+// hint is what a dialer can do about the refusal.
+func (r Refusal) hint() string {
+	switch r {
+	case RefusalBacklogFull:
+		return "the server takes requests (Request, Accept) slower than they arrive: retry later, " +
+			"or have it take them faster or raise its Options.Backlog"
+	case RefusalListenerClosed:
+		return "the server stopped listening: is it shutting down?"
+	}
+	return ""
 }
 
 func (e *RejectedError) Error() string {
 	s := fmt.Sprintf("rejected with status %d", e.Status)
+	if e.Refusal != RefusalNone {
+		return s + " (" + e.Refusal.String() + ")"
+	}
 	if m := rejectMeaning(e.Status); m != "" {
 		s += " (" + m + ")"
 	}
@@ -129,8 +175,11 @@ func (e *RejectedError) Error() string {
 	return s
 }
 
-// Is makes errors.Is(err, ErrRejected) true.
-func (e *RejectedError) Is(target error) bool { return target == ErrRejected }
+// Is makes errors.Is(err, ErrRejected) true, and errors.Is(err,
+// ErrBacklogFull) for that refusal.
+func (e *RejectedError) Is(target error) bool {
+	return target == ErrRejected || target == ErrBacklogFull && e.Refusal == RefusalBacklogFull
+}
 
 // ConsumerReject reports whether the peer application (or its CM) refused
 // the request, as opposed to no one listening.

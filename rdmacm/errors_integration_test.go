@@ -348,3 +348,49 @@ func TestDoubleUseOfRequest(t *testing.T) {
 	_, err := rdmacm.Dial(ctx, addr, nil)
 	assert.True(t, errors.Is(err, rdmacm.ErrRejected), "%v", err)
 }
+
+func TestFullBacklogAndClosingListenerRefuseWithAReason(t *testing.T) {
+	forEachDevice(t, func(t *testing.T, d device) {
+		checkNoLeaks(t)
+		ctx := ctxFor(t, 30*time.Second)
+		l, addr := listen(t, d, &rdmacm.Options{Backlog: 1})
+		// Nobody takes requests: the first waits in the backlog, the
+		// second finds it full.
+		errs := make(chan error, 2)
+		for range 2 {
+			go func() {
+				c, err := rdmacm.Dial(ctx, addr, nil)
+				if c != nil {
+					c.Close()
+				}
+				errs <- err
+			}()
+		}
+		start := time.Now()
+		err := <-errs
+		require.ErrorIs(t, err, rdmacm.ErrBacklogFull)
+		assert.ErrorIs(t, err, rdmacm.ErrRejected)
+		var rej *rdmacm.RejectedError
+		require.ErrorAs(t, err, &rej)
+		assert.Equal(t, rdmacm.RefusalBacklogFull, rej.Refusal)
+		assert.True(t, rej.ConsumerReject())
+		assert.Empty(t, rej.PrivateData, "the refusal is not the application's data")
+		for _, want := range []string{"backlog was full", "Options.Backlog", addr, d.name} {
+			assert.Contains(t, err.Error(), want)
+		}
+		assert.Less(t, time.Since(start), 10*time.Second, "refused at once, not left to time out")
+
+		// Closing the listener refuses the request still waiting, saying so.
+		require.NoError(t, l.Close())
+		select {
+		case err = <-errs:
+		case <-ctx.Done():
+			t.Fatal("the waiting dialer got no answer when the listener closed")
+		}
+		require.ErrorIs(t, err, rdmacm.ErrRejected)
+		assert.NotErrorIs(t, err, rdmacm.ErrBacklogFull)
+		require.ErrorAs(t, err, &rej)
+		assert.Equal(t, rdmacm.RefusalListenerClosed, rej.Refusal)
+		assert.Contains(t, err.Error(), "listener closed before taking the request")
+	})
+}

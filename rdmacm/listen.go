@@ -56,7 +56,11 @@ func Listen(address string, opts *Options) (*Listener, error) {
 		}
 		return fail(oe)
 	}
-	if err := id.listen(o.Backlog); err != nil {
+	// The kernel's backlog counts only the requests our dispatcher has not
+	// read yet; Options.Backlog is enforced on the queue behind it, where a
+	// refusal can say why. A small Backlog must not let the kernel refuse,
+	// without a reason, a request that arrives just after another.
+	if err := id.listen(max(o.Backlog, defaultBacklog)); err != nil {
 		oe := e.fail("listen", nil, err)
 		if errors.Is(err, syscall.EADDRINUSE) {
 			// Past the bind: another ReuseAddr id bound the port and
@@ -93,8 +97,10 @@ func (l *Listener) onEvent(ev *event) {
 		Device: ev.child.deviceName(), Port: ev.child.portNum(), peerMTU: mtu, id: ev.child, l: l}
 	select {
 	case l.reqs <- r:
-	default: // backlog full: refuse now rather than let the peer time out
-		ev.dropLater()
+	default:
+		// Backlog full: refuse now rather than let the peer time out. The
+		// dispatcher must not wait, and destroying an iWARP id can.
+		go r.refuse(RefusalBacklogFull)
 	}
 }
 
@@ -130,7 +136,7 @@ func (l *Listener) Close() error {
 		for {
 			select {
 			case r := <-l.reqs:
-				r.Reject(nil)
+				r.refuse(RefusalListenerClosed)
 			default:
 				return
 			}
@@ -160,7 +166,7 @@ func (r *ConnRequest) claim() bool { return r.used.CompareAndSwap(false, true) }
 
 // Reject refuses the request, sending privateData with the reject (at most
 // 192 bytes on PS_TCP). The dialer's error is a *RejectedError with status
-// 28 and this data (iWARP: status -111, and the data may not arrive).
+// 28 and this data (iWARP: status -104, the MPA reject).
 func (r *ConnRequest) Reject(privateData []byte) error {
 	if !r.claim() {
 		return &OpError{Op: "reject", Local: r.Local, Remote: r.Remote, Err: ErrClosed}
@@ -175,6 +181,20 @@ func (r *ConnRequest) Reject(privateData []byte) error {
 		return &OpError{Op: "reject", Local: r.Local, Remote: r.Remote, Device: r.Device, Err: err}
 	}
 	return nil
+}
+
+// refuse rejects the request on the listener's own account. The dialer's
+// RejectedError says why, unless the listener's private data is raw.
+func (r *ConnRequest) refuse(why Refusal) {
+	if !r.claim() {
+		return
+	}
+	defer r.id.close()
+	var data []byte
+	if !r.l.opts.RawPrivateData {
+		data = encodeRefusal(why)
+	}
+	r.id.reject(data) // nothing to do if it fails: the dialer times out
 }
 
 // Accept accepts the request with privateData (at most 192 bytes on

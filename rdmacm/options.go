@@ -94,7 +94,9 @@ type Options struct {
 	// for peers that are not rdmago (the receiver may then see padding).
 	RawPrivateData bool
 
-	// Backlog bounds connect requests waiting for Accept (default 128).
+	// Backlog bounds connect requests waiting for Request or Accept
+	// (default 128). A listener refuses the requests past it at once, and
+	// the dialer's error matches ErrBacklogFull.
 	Backlog int
 
 	// BeforeConnect, if set, runs once the QP exists and before the

@@ -15,6 +15,11 @@ const (
 	headerMagic   = 0xd7
 	headerVersion = 1
 	headerLen     = 4
+	// refusalVersion marks a reject that an rdmago listener sent by itself,
+	// before any application saw the request: the header's third byte is
+	// then the Refusal, and no data follows. A peer that does not know it
+	// sees four bytes of private data.
+	refusalVersion = 0x81
 )
 
 // Private data limits of the CM messages (bytes on the wire, before our header).
@@ -87,4 +92,22 @@ func decodePrivateData(b []byte, raw bool) (data []byte, mtu verbs.MTU) {
 		m = 0
 	}
 	return b[headerLen : headerLen+int(b[2])], m
+}
+
+// encodeRefusal is the private data of a reject the listener sends by itself.
+func encodeRefusal(r Refusal) []byte {
+	return []byte{headerMagic, refusalVersion, byte(r), 0}
+}
+
+// decodeRefusal recognizes encodeRefusal's data (padded, on InfiniBand and
+// RoCE, to the message's full size).
+func decodeRefusal(b []byte) Refusal {
+	if len(b) < headerLen || b[0] != headerMagic || b[1] != refusalVersion {
+		return RefusalNone
+	}
+	switch r := Refusal(b[2]); r {
+	case RefusalBacklogFull, RefusalListenerClosed:
+		return r
+	}
+	return RefusalNone
 }

@@ -84,6 +84,22 @@ func FuzzDecodePrivateData(f *testing.F) {
 	})
 }
 
+func TestRefusalRoundTrip(t *testing.T) {
+	for _, why := range []Refusal{RefusalBacklogFull, RefusalListenerClosed} {
+		wire := encodeRefusal(why)
+		assert.LessOrEqual(t, len(wire), privateDataLimit(PortSpaceUDP, msgReject, true), "fits every reject")
+		padded := append(wire, make([]byte, 144)...) // as an IB CM REJ arrives
+		assert.Equal(t, why, decodeRefusal(padded))
+	}
+	// An application's reject, a C peer's data, or a refusal this version
+	// does not know, is no refusal.
+	appReject, err := encodePrivateData(PortSpaceTCP, msgReject, false, 0, []byte{byte(RefusalBacklogFull)})
+	require.NoError(t, err)
+	for _, b := range [][]byte{appReject, nil, []byte("busy"), {headerMagic, refusalVersion, 99, 0}, {headerMagic, refusalVersion}} {
+		assert.Equal(t, RefusalNone, decodeRefusal(b), "%x", b)
+	}
+}
+
 func TestOptionsDefaultsAndChecks(t *testing.T) {
 	o := (*Options)(nil).withDefaults()
 	assert.Equal(t, verbs.QPTypeRC, o.QPType)
@@ -143,6 +159,15 @@ func TestErrors(t *testing.T) {
 	}
 	assert.False(t, (&RejectedError{Status: 8}).ConsumerReject())
 	assert.True(t, errors.Is(&RejectedError{}, ErrRejected))
+	busy := &OpError{Op: "dial", Err: &RejectedError{Status: 28, Refusal: RefusalBacklogFull}, Hint: RefusalBacklogFull.hint()}
+	assert.ErrorIs(t, busy, ErrBacklogFull)
+	assert.ErrorIs(t, busy, ErrRejected)
+	assert.Contains(t, busy.Error(), "backlog was full")
+	assert.Contains(t, busy.Error(), "Options.Backlog")
+	closed := &RejectedError{Status: -104, Refusal: RefusalListenerClosed}
+	assert.NotErrorIs(t, closed, ErrBacklogFull)
+	assert.Contains(t, closed.Error(), "listener closed")
+	assert.NotErrorIs(t, &RejectedError{Status: 28}, ErrBacklogFull)
 	assert.Contains(t, hintFor(EventAddrError, -19), "not on an RDMA netdev")
 }
 
