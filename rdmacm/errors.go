@@ -129,6 +129,7 @@ type RejectedError struct {
 type Refusal uint8
 
 const (
+	// RefusalNone: the application rejected, or no rdmago listener said why.
 	RefusalNone Refusal = iota
 	// RefusalBacklogFull: Options.Backlog requests were already waiting for
 	// Request or Accept. A later attempt may succeed.
