@@ -152,6 +152,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -228,6 +229,33 @@ var shared struct {
 func Init() error {
 	_, err := sharedChannel()
 	return err
+}
+
+// OpenDevice returns librdmacm's context for the named RDMA device: the one
+// the QPs of its connections are created on, so that a PD allocated on it
+// can be Options.PD. The first call has librdmacm open every device on the
+// host (a descriptor or two each), which it keeps for the life of the
+// process; Close on the Device does nothing.
+func OpenDevice(name string) (*verbs.Device, error) {
+	if err := Init(); err != nil {
+		return nil, err
+	}
+	var n C.int
+	list, err := C.rdma_get_devices(&n)
+	if list == nil {
+		return nil, &OpError{Op: "rdma_get_devices", Device: name, Err: errnoOf(err)}
+	}
+	defer C.rdma_free_devices(list)
+	var names []string
+	for _, ctx := range unsafe.Slice(list, int(n)) {
+		got := C.GoString(C.ibv_get_device_name(ctx.device))
+		if got == name {
+			return verbs.BorrowContext(unsafe.Pointer(ctx))
+		}
+		names = append(names, got)
+	}
+	return nil, &OpError{Op: "open device", Device: name, Err: syscall.ENODEV,
+		Hint: fmt.Sprintf("librdmacm has %d device(s): %s", len(names), strings.Join(names, ", "))}
 }
 
 func sharedChannel() (*channel, error) {

@@ -344,6 +344,7 @@ const flushGrace = 500 * time.Millisecond
 type resources struct {
 	dev      *verbs.Device
 	pd       *verbs.PD
+	sharedPD bool // Options.PD: pd and dev are the caller's
 	scq, rcq *verbs.CQ
 	qp       *verbs.QP
 	ahs      []*verbs.AH
@@ -366,10 +367,10 @@ func (r *resources) close() error {
 			errs = append(errs, cq.Close())
 		}
 	}
-	if r.pd != nil {
+	if r.pd != nil && !r.sharedPD {
 		errs = append(errs, r.pd.Close())
 	}
-	if r.dev != nil {
+	if r.dev != nil && !r.sharedPD {
 		r.dev.Close()
 	}
 	*r = resources{}

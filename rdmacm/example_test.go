@@ -82,3 +82,43 @@ func ExampleOptions_manual() {
 	}
 	defer conn.Close()
 }
+
+// A server registers one buffer pool for all its connections: every
+// connection it accepts uses the PD allocated on librdmacm's context for
+// the device it listens on.
+func ExampleOpenDevice() {
+	dev, err := rdmacm.OpenDevice("rxe0")
+	if err != nil {
+		log.Fatal(err)
+	}
+	pd, err := dev.AllocPD()
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pd.Close() // after the connections and the pool
+	pool, err := pd.RegisterMemory(1<<20, verbs.AccessLocalWrite)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+
+	// Each connection receives into a slot of the pool, posted before the
+	// peer may send. Accept runs BeforeConnect, one connection at a time here.
+	slot := 0
+	opts := &rdmacm.Options{PD: pd, BeforeConnect: func(c *rdmacm.Conn) error {
+		slot++
+		return c.PostRecv(pool, (slot-1)*4096, 4096)
+	}}
+	l, err := rdmacm.Listen("10.10.0.1:7471", opts)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer l.Close()
+	for i := 0; i < 4; i++ {
+		conn, err := l.Accept(context.Background())
+		if err != nil {
+			log.Fatal(err)
+		}
+		defer conn.Close()
+	}
+}

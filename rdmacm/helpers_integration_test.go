@@ -81,6 +81,8 @@ func TestMain(m *testing.M) {
 				warmUp(d.IPv4)
 			}
 		}
+		// OpenDevice has librdmacm open every device, kept as the above.
+		rdmacm.OpenDevice("rxe0")
 	}
 	os.Exit(m.Run())
 }

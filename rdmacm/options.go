@@ -48,6 +48,16 @@ type Options struct {
 	Cap verbs.QPCap
 	// CQEntries sizes each CQ; default MaxSendWR and MaxRecvWR.
 	CQEntries int
+	// PD, if set, is the protection domain for the connection's QP and for
+	// the memory Conn.RegisterMemory registers, instead of one of its own:
+	// memory registered once in it serves every connection made with it.
+	// Its keys are then valid on all of them, so a peer of one connection
+	// can reach memory registered for another. It must be allocated on
+	// librdmacm's context for the device the connection goes through (see
+	// OpenDevice); a connection on another device fails with a hint. The
+	// caller owns it: closing a connection leaves it, and the caller closes
+	// it after the last connection and MR using it.
+	PD *verbs.PD
 
 	Mode Mode
 	// BeforeModify (ModeManual) sees each transition's attributes before the

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"github.com/rdmago/rdmago/verbs"
 )
@@ -193,7 +194,14 @@ func (e *endpoint) prepare() error {
 	if e.port, err = dev.QueryPort(e.id.portNum()); err != nil {
 		return e.fail("query port", nil, err)
 	}
-	if e.res.pd, err = dev.AllocPD(); err != nil {
+	if o.PD != nil {
+		if why, hint := pdMismatch(o.PD, dev.Info.Name, dev.CPointer()); why != "" {
+			oe := e.fail("use Options.PD", nil, errors.New(why))
+			oe.Hint = hint
+			return oe
+		}
+		e.res.pd, e.res.sharedPD = o.PD, true
+	} else if e.res.pd, err = dev.AllocPD(); err != nil {
 		return e.fail("allocate PD", nil, err)
 	}
 	sn, rn := int(o.Cap.MaxSendWR), int(o.Cap.MaxRecvWR)
@@ -230,6 +238,24 @@ func (e *endpoint) prepare() error {
 		}
 	}
 	return nil
+}
+
+// pdMismatch says why pd cannot serve a connection through device dev, and
+// what to do; it says nothing if pd can. ctx, unless nil, is the device
+// context the QP will be created on, which must be pd's own.
+func pdMismatch(pd *verbs.PD, dev string, ctx unsafe.Pointer) (why, hint string) {
+	switch d := pd.Device(); {
+	case pd.CPointer() == nil || d == nil:
+		return "Options.PD is closed", "close the PD only after the last connection and MR using it"
+	case d.Info.Name != dev:
+		return fmt.Sprintf("Options.PD belongs to %s, but the connection goes through %s", d.Info.Name, dev),
+			fmt.Sprintf("use a PD per device, this one allocated on rdmacm.OpenDevice(%q)", dev)
+	case ctx != nil && d.CPointer() != ctx:
+		return fmt.Sprintf("Options.PD was allocated on a context of %s other than librdmacm's", dev),
+			fmt.Sprintf("librdmacm creates the QP on its own context (a context from verbs.Open is another one): "+
+				"allocate the PD on rdmacm.OpenDevice(%q)", dev)
+	}
+	return "", ""
 }
 
 // resourceError explains a failed CQ or QP creation where the cause is known.

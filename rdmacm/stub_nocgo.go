@@ -5,6 +5,8 @@ package rdmacm
 import (
 	"context"
 	"net"
+
+	"github.com/rdmago/rdmago/verbs"
 )
 
 // Without cgo (or off Linux) there is no librdmacm: the types exist so that
@@ -32,6 +34,9 @@ func Listen(address string, opts *Options) (*Listener, error) { return nil, ErrN
 func ConnectOverTCP(ctx context.Context, tcp net.Conn, opts *Options) (*Conn, error) {
 	return nil, ErrNoCgo
 }
+
+// OpenDevice returns ErrNoCgo without cgo.
+func OpenDevice(name string) (*verbs.Device, error) { return nil, ErrNoCgo }
 
 // Init returns ErrNoCgo without cgo.
 func Init() error { return ErrNoCgo }

@@ -98,15 +98,25 @@ func connectOverTCP(ctx context.Context, tcp net.Conn, o *Options, path *resolve
 		return &OpError{Op: "connect over TCP: " + step, Local: local, Remote: remote, Device: path.Device, Port: path.Port, Err: err}
 	}
 	var err error
-	if res.dev, err = verbs.Open(path.Device); err != nil {
+	if o.PD != nil {
+		// Our own QP: any context of the device will do.
+		if why, hint := pdMismatch(o.PD, path.Device, nil); why != "" {
+			oe := where("use Options.PD", errors.New(why))
+			oe.Hint = hint
+			return nil, nil, oe
+		}
+		res.dev, res.pd, res.sharedPD = o.PD.Device(), o.PD, true
+	} else if res.dev, err = verbs.Open(path.Device); err != nil {
 		return nil, nil, where("open device", err)
 	}
 	port, err := res.dev.QueryPort(path.Port)
 	if err != nil {
 		return nil, nil, where("query port", err)
 	}
-	if res.pd, err = res.dev.AllocPD(); err != nil {
-		return nil, nil, where("allocate PD", err)
+	if res.pd == nil {
+		if res.pd, err = res.dev.AllocPD(); err != nil {
+			return nil, nil, where("allocate PD", err)
+		}
 	}
 	if res.scq, err = res.dev.CreateCQ(int(o.Cap.MaxSendWR)); err != nil {
 		return nil, nil, where("create CQ", err)

@@ -39,6 +39,9 @@ type (
 	QP struct{}
 )
 
+// Device returns nil without cgo.
+func (p *PD) Device() *Device { return nil }
+
 // AllocPD returns ErrNoCgo without cgo.
 func (d *Device) AllocPD() (*PD, error) { return nil, ErrNoCgo }
 

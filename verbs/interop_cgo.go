@@ -26,6 +26,14 @@ func BorrowContext(ctx unsafe.Pointer) (*Device, error) {
 	return &Device{Info: deviceInfo(c.device), ctx: c, borrowed: true}, nil
 }
 
+// CPointer is the struct ibv_context (nil once closed), for C libraries
+// that take one.
+func (d *Device) CPointer() unsafe.Pointer {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return unsafe.Pointer(d.ctx)
+}
+
 // CPointer is the struct ibv_pd, for C libraries that take one.
 func (p *PD) CPointer() unsafe.Pointer { return unsafe.Pointer(p.pd) }
 

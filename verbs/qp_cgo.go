@@ -136,6 +136,9 @@ func (d *Device) AllocPD() (*PD, error) {
 	return &PD{dev: d, pd: pd}, nil
 }
 
+// Device is the device the PD was allocated on.
+func (p *PD) Device() *Device { return p.dev }
+
 // Close deallocates the PD; its MRs, QPs and AHs must be closed first.
 func (p *PD) Close() error {
 	if p.pd == nil {
