@@ -76,13 +76,14 @@ func TestMain(m *testing.M) {
 		return
 	}
 	if top, err := testbed.Load(); err == nil {
+		// OpenDevice has librdmacm open every device, kept as the ones
+		// the connections below open.
+		rdmacm.OpenDevice("rxe0")
 		for _, name := range []string{"rxe0", "siw0"} {
 			if d, err := top.Device(name); err == nil {
 				warmUp(d.IPv4)
 			}
 		}
-		// OpenDevice has librdmacm open every device, kept as the above.
-		rdmacm.OpenDevice("rxe0")
 	}
 	os.Exit(m.Run())
 }
@@ -95,7 +96,12 @@ func warmUp(addr string) {
 		return
 	}
 	defer l.Close()
+	// Both ends are gone before the tests start: while an id lives,
+	// librdmacm holds a PD of its own on the device, which the first test's
+	// leak check would see go.
+	served := make(chan struct{})
 	go func() {
+		defer close(served)
 		if c, err := l.Accept(ctx); err == nil {
 			<-c.Done()
 			c.Close()
@@ -103,7 +109,10 @@ func warmUp(addr string) {
 	}()
 	if c, err := rdmacm.Dial(ctx, addr+":8999", nil); err == nil {
 		c.Close()
+	} else {
+		l.Close()
 	}
+	<-served
 }
 
 // checkNoLeaks asserts, at the end of the test, that every cm_id, QP, CQ,
