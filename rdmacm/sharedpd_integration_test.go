@@ -133,23 +133,7 @@ func TestConnectOverTCPWithSharedPD(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { assert.NoError(t, pd.Close(), "the PD outlives its connections") })
 
-	ctx := ctxFor(t, 20*time.Second)
-	opts := &rdmacm.Options{PD: pd}
-	a, b := tcpPair(t, d)
-	type result struct {
-		c   *rdmacm.Conn
-		err error
-	}
-	served := make(chan result, 1)
-	go func() {
-		c, err := rdmacm.ConnectOverTCP(ctx, b, opts)
-		served <- result{c, err}
-	}()
-	client, err := rdmacm.ConnectOverTCP(ctx, a, opts)
-	require.NoError(t, err)
-	res := <-served
-	require.NoError(t, res.err)
-	server := res.c
+	client, server := overTCP(t, d, &rdmacm.Options{PD: pd})
 	assert.Same(t, pd, client.PD)
 	assert.Same(t, pd, server.PD)
 	exchange(t, client, server)
@@ -158,10 +142,10 @@ func TestConnectOverTCPWithSharedPD(t *testing.T) {
 
 	// On another device it is refused, naming both.
 	other := ownPD(t, siw(t).name)
-	a, b = tcpPair(t, d)
+	a, b := tcpPair(t, d)
 	defer a.Close() // a failed ConnectOverTCP leaves the socket to its caller
 	defer b.Close()
-	_, err = rdmacm.ConnectOverTCP(ctx, a, &rdmacm.Options{PD: other})
+	_, err = rdmacm.ConnectOverTCP(ctxFor(t, 20*time.Second), a, &rdmacm.Options{PD: other})
 	var oe *rdmacm.OpError
 	require.ErrorAs(t, err, &oe)
 	assert.Contains(t, oe.Error(), "belongs to siw0, but the connection goes through rxe0")

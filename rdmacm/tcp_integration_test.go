@@ -34,24 +34,31 @@ func tcpPair(t *testing.T, d device) (client, server net.Conn) {
 	return client, server
 }
 
-func TestConnectOverTCP(t *testing.T) {
-	checkNoLeaks(t)
+// overTCP connects both ends of a TCP connection to d with ConnectOverTCP;
+// the caller closes them.
+func overTCP(t *testing.T, d device, opts *rdmacm.Options) (client, server *rdmacm.Conn) {
+	t.Helper()
 	ctx := ctxFor(t, 20*time.Second)
-	a, b := tcpPair(t, rxe(t))
+	a, b := tcpPair(t, d)
 	type result struct {
 		c   *rdmacm.Conn
 		err error
 	}
 	served := make(chan result, 1)
 	go func() {
-		c, err := rdmacm.ConnectOverTCP(ctx, b, nil)
+		c, err := rdmacm.ConnectOverTCP(ctx, b, opts)
 		served <- result{c, err}
 	}()
-	client, err := rdmacm.ConnectOverTCP(ctx, a, nil)
+	client, err := rdmacm.ConnectOverTCP(ctx, a, opts)
 	require.NoError(t, err)
 	r := <-served
 	require.NoError(t, r.err)
-	server := r.c
+	return client, r.c
+}
+
+func TestConnectOverTCP(t *testing.T) {
+	checkNoLeaks(t)
+	client, server := overTCP(t, rxe(t), nil)
 	defer server.Close()
 
 	exchange(t, client, server)
