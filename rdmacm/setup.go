@@ -191,8 +191,10 @@ func (e *endpoint) prepare() error {
 	dev := e.res.dev
 	start := time.Now()
 	var err error
-	if e.port, err = dev.QueryPort(e.id.portNum()); err != nil {
-		return e.fail("query port", nil, err)
+	if e.needsPort() {
+		if e.port, err = dev.QueryPort(e.id.portNum()); err != nil {
+			return e.fail("query port", nil, err)
+		}
 	}
 	if o.PD != nil {
 		if why, hint := pdMismatch(o.PD, dev.Info.Name, dev.CPointer()); why != "" {
@@ -316,6 +318,16 @@ func (e *endpoint) move(to verbs.QPState, peerMTU verbs.MTU) error {
 		e.o.trace(StepRTSQP, start)
 	}
 	return nil
+}
+
+// needsPort says whether the port's attributes are of use: its active MTU
+// goes into the private data header, caps the manual path's MTU and is a
+// UD connection's MTU. Where none applies (iWARP, or a CM-moved RC or UC
+// QP with raw private data, as in cmtime) the query, a system call per
+// connection, is skipped.
+func (e *endpoint) needsPort() bool {
+	o := e.o
+	return !e.iwarp && (o.Mode == ModeManual || !o.RawPrivateData || o.QPType == verbs.QPTypeUD)
 }
 
 // localMTU is what this side tells the peer in the private data header.
