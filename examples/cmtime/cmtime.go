@@ -18,6 +18,7 @@ import (
 
 	"github.com/rdmago/rdmago/examples/internal/profile"
 	"github.com/rdmago/rdmago/rdmacm"
+	"github.com/rdmago/rdmago/resolver"
 	"github.com/rdmago/rdmago/verbs"
 )
 
@@ -283,6 +284,11 @@ func connectAll(ctx context.Context, c config) (*result, error) {
 	if err := rdmacm.Init(); err != nil {
 		return nil, err
 	}
+	pd, err := devicePD(ctx, c.server, src)
+	if err != nil {
+		return nil, err
+	}
+	defer pd.Close()
 	r := &result{conns: c.conns, nodes: make([]*node, c.conns), b: newBarrier(stepsOf(c.manual))}
 	var mu sync.Mutex
 	fail := func(err error) {
@@ -302,6 +308,7 @@ func connectAll(ctx context.Context, c config) (*result, error) {
 		r.nodes[i] = n
 		o := options(c)
 		o.Source = src
+		o.PD = pd
 		// As in C cmtime, -t bounds address and route resolution; the
 		// connect waits as long as the CM itself keeps trying, which a
 		// server working through a thousand requests needs.
@@ -345,6 +352,22 @@ func connectAll(ctx context.Context, c config) (*result, error) {
 	r.threads = pprof.Lookup("threadcreate").Count()
 	r.peakRSS = procStatus("VmHWM")
 	return r, nil
+}
+
+// devicePD allocates the PD that all connections share. The C tool's QPs
+// share librdmacm's PD of the device, allocated once, with the first id
+// that resolves to it; ours is allocated once as well, on the device the
+// route to the server leaves by, before the clock starts.
+func devicePD(ctx context.Context, server string, src netip.Addr) (*verbs.PD, error) {
+	path, err := resolver.ResolveHost(ctx, server, resolver.Options{Source: src})
+	if err != nil {
+		return nil, fmt.Errorf("the RDMA device towards %s: %w", server, err)
+	}
+	dev, err := rdmacm.OpenDevice(path.Device)
+	if err != nil {
+		return nil, err
+	}
+	return dev.AllocPD()
 }
 
 // procStatus is one field of /proc/self/status.

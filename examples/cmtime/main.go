@@ -10,8 +10,10 @@
 // before any starts the next (create id, resolve address, resolve route,
 // create QP, connect, disconnect, destroy): each row is the wall time of
 // one step for all connections. Destroy has two rows: "destroy qp" (QP,
-// memory, CQs and PD) and "destroy id". The C client's "destroy" is
+// memory and CQs) and "destroy id". The C client's "destroy" is
 // rdma_destroy_id alone; it leaves its QPs to the end of the process.
+// All connections share one PD (Options.PD), as the C client's QPs share
+// librdmacm's PD of the device; it is allocated before the clock starts.
 // Every Dial runs on its own goroutine and waits for the others in
 // Options.Trace, which runs between the steps.
 // With -q the QPs are moved by rdmago's manual mode and the INIT, RTR and

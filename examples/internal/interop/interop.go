@@ -191,11 +191,15 @@ var warm sync.Once
 
 // warmUp connects once over each device: librdmacm and the providers keep
 // what they open on first use (device files, contexts) for the life of
-// the process, which is no leak.
+// the process, which is no leak. rdmacm.OpenDevice (cmtime's shared PD)
+// has librdmacm open every device, which it keeps as well.
 func warmUp(t testing.TB) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	for _, name := range Devices {
+		if _, err := rdmacm.OpenDevice(name); err != nil {
+			t.Fatalf("warm-up on %s: %v", name, err)
+		}
 		l, err := rdmacm.Listen(Addr(t, name).String(), nil)
 		if err != nil {
 			t.Fatalf("warm-up on %s: %v", name, err)
