@@ -25,6 +25,7 @@ type bench struct {
 	port     int
 	md       strings.Builder
 	profiled []string // profiles written, for the report
+	repeated []string // runs that failed once and were repeated, why
 }
 
 // Targets from the issue: Go within 5 % of C.
@@ -76,6 +77,12 @@ func (b *bench) run(ctx context.Context) (string, error) {
 			return "", fmt.Errorf("%s: %w", s.name, err)
 		}
 	}
+	if len(b.repeated) > 0 {
+		b.printf("\n## Runs repeated\n\nThese runs failed once and were run again; the figures are from the repeat.\n\n")
+		for _, r := range b.repeated {
+			b.printf("- %s\n", r)
+		}
+	}
 	return b.md.String(), nil
 }
 
@@ -118,6 +125,25 @@ func (s *server) stop() string {
 func (s *server) wait() (string, error) {
 	err := s.cmd.Wait()
 	return s.out.String(), err
+}
+
+// cmtime runs a cmtime client, once more if it fails. Under emulation a
+// run on siw has once seen 10 of its 30 connects refused (status -111) by
+// the C server, after rounds that all connected; one such failure should
+// not cost the whole benchmark, and the results list every repeat.
+func (b *bench) cmtime(ctx context.Context, argv ...string) (string, error) {
+	out, err := run(ctx, argv...)
+	if err == nil {
+		return out, nil
+	}
+	why := strings.SplitN(err.Error(), "\n", 2)[0]
+	for _, l := range strings.Split(out, "\n") {
+		if strings.Contains(l, "connections failed; the first:") {
+			why = l
+		}
+	}
+	b.repeated = append(b.repeated, fmt.Sprintf("`%s`: %s", strings.Join(argv, " "), why))
+	return run(ctx, argv...)
 }
 
 func run(ctx context.Context, argv ...string) (string, error) {
@@ -197,8 +223,9 @@ func stepRows(out string, goTool bool) (map[string]float64, error) {
 // setup runs C cmtime and ours against the same C cmtime server.
 func (b *bench) setup(ctx context.Context, devs map[string]string) error {
 	b.printf("## Connection setup per step (cmtime)\n\n")
-	b.printf("`examples/cmtime` and rdma-core's `cmtime` as clients of the same C `cmtime` server, alternating, one step at a\n")
-	b.printf("time for all connections. Figures are µs per connection (the step's wall time for all connections / N).\n")
+	b.printf("`examples/cmtime` and rdma-core's `cmtime` as clients of the same C `cmtime` server (a fresh one each round),\n")
+	b.printf("alternating, one step at a time for all connections. Figures are µs per connection (the step's wall time for all\n")
+	b.printf("connections / N).\n")
 	b.printf("Both schedule the connections alike: C's loops make the local calls (create id, create qp, destroy) one\n")
 	b.printf("connection after another and issue the network steps without waiting; Go's goroutines, one per Dial, take\n")
 	b.printf("the local steps in turns and start the network steps together.\n")
@@ -214,14 +241,27 @@ func (b *bench) setup(ctx context.Context, devs map[string]string) error {
 		if dev == "siw0" {
 			n = 30
 		}
-		addr := netip.AddrPortFrom(netip.MustParseAddr(devs[dev]), uint16(b.nextPort()))
-		a, p := addr.Addr().String(), fmt.Sprint(addr.Port())
-		srv, err := b.startServer(ctx, addr, "cmtime", "-b", a, "-p", p)
-		if err != nil {
-			return err
-		}
 		c, g := map[string][]float64{}, map[string][]float64{}
-		for r := 0; r < b.rounds; r++ {
+		// A fresh C server for every round and for the profile run: one
+		// serving siw for all seven runs has twice refused every connect
+		// of the last one (status -111).
+		for r := 0; r <= b.rounds; r++ {
+			addr := netip.AddrPortFrom(netip.MustParseAddr(devs[dev]), uint16(b.nextPort()))
+			a, p := addr.Addr().String(), fmt.Sprint(addr.Port())
+			srv, err := b.startServer(ctx, addr, "cmtime", "-b", a, "-p", p)
+			if err != nil {
+				return err
+			}
+			if r == b.rounds {
+				// One more Go run, not counted, for the profile.
+				_, err := b.cmtime(ctx, filepath.Join(b.bin, "cmtime"), "-s", a, "-p", p, "-c", fmt.Sprint(n),
+					"-cpuprofile", b.profile("cmtime-"+dev))
+				srv.stop()
+				if err != nil {
+					return err
+				}
+				break
+			}
 			for _, tool := range []struct {
 				argv   []string
 				into   map[string][]float64
@@ -230,7 +270,7 @@ func (b *bench) setup(ctx context.Context, devs map[string]string) error {
 				{[]string{"cmtime", "-s", a, "-p", p, "-c", fmt.Sprint(n)}, c, false},
 				{[]string{filepath.Join(b.bin, "cmtime"), "-s", a, "-p", p, "-c", fmt.Sprint(n)}, g, true},
 			} {
-				out, err := run(ctx, tool.argv...)
+				out, err := b.cmtime(ctx, tool.argv...)
 				if err != nil {
 					srv.stop()
 					return err
@@ -244,14 +284,8 @@ func (b *bench) setup(ctx context.Context, devs map[string]string) error {
 					tool.into[s] = append(tool.into[s], v)
 				}
 			}
-		}
-		// One more Go run, not counted, for the profile.
-		if _, err := run(ctx, filepath.Join(b.bin, "cmtime"), "-s", a, "-p", p, "-c", fmt.Sprint(n),
-			"-cpuprofile", b.profile("cmtime-"+dev)); err != nil {
 			srv.stop()
-			return err
 		}
-		srv.stop()
 		b.printf("### %s, N = %d\n\n| step | C µs/conn | Go µs/conn | Go/C | target ≤ %.2f |\n|---|---:|---:|---:|---|\n", dev, n, maxSetupRatio)
 		for _, s := range setupSteps {
 			b.setupRow(s.g, median(c[s.g]), median(g[s.g]))
@@ -280,11 +314,11 @@ func (b *bench) many(ctx context.Context, devs map[string]string) error {
 		return err
 	}
 	defer srv.stop()
-	cout, err := run(ctx, "cmtime", "-s", a, "-p", p, "-c", fmt.Sprint(n))
+	cout, err := b.cmtime(ctx, "cmtime", "-s", a, "-p", p, "-c", fmt.Sprint(n))
 	if err != nil {
 		return err
 	}
-	gout, err := run(ctx, filepath.Join(b.bin, "cmtime"), "-s", a, "-p", p, "-c", fmt.Sprint(n))
+	gout, err := b.cmtime(ctx, filepath.Join(b.bin, "cmtime"), "-s", a, "-p", p, "-c", fmt.Sprint(n))
 	if err != nil {
 		return err
 	}
