@@ -243,8 +243,8 @@ func (b *bench) setup(ctx context.Context, devs map[string]string) error {
 		}
 		c, g := map[string][]float64{}, map[string][]float64{}
 		// A fresh C server for every round and for the profile run: one
-		// serving siw for all seven runs has twice refused every connect
-		// of the last one (status -111).
+		// serving siw for all seven runs has twice failed the last run,
+		// refusing its connects with status -111.
 		for r := 0; r <= b.rounds; r++ {
 			addr := netip.AddrPortFrom(netip.MustParseAddr(devs[dev]), uint16(b.nextPort()))
 			a, p := addr.Addr().String(), fmt.Sprint(addr.Port())
