@@ -13,14 +13,14 @@ const (
 	StepCreateID     Step = iota // rdma_create_id
 	StepResolveAddr              // rdma_resolve_addr until ADDR_RESOLVED, retries included
 	StepResolveRoute             // rdma_resolve_route until ROUTE_RESOLVED, retries included
-	StepCreateQP                 // PD, CQs and QP
+	StepCreateQP                 // PD (unless Options.PD), CQs and QP
 	StepInitQP                   // ModeManual: rdma_init_qp_attr and ibv_modify_qp to INIT
 	StepRTRQP                    // ModeManual: ... to RTR
 	StepRTSQP                    // ModeManual: ... to RTS
 	StepConnect                  // rdma_connect or rdma_accept until the peer's answer (ModeManual dial: CONNECT_RESPONSE)
 	StepEstablish                // ModeManual dial: rdma_establish, the RTU
 	StepDisconnect               // rdma_disconnect until DISCONNECTED
-	StepDestroyQP                // QP, memory, CQs and PD released
+	StepDestroyQP                // QP, memory, CQs and PD (unless Options.PD) released
 	StepDestroyID                // rdma_destroy_id
 	numSteps
 )

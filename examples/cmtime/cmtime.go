@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -74,7 +75,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 			return err
 		}
 		r.print(out)
-		return r.err
+		return errors.Join(r.err, r.pdErr)
 	})
 }
 
@@ -265,6 +266,7 @@ type result struct {
 	nodes   []*node
 	b       *barrier
 	err     error // the first failure, if any
+	pdErr   error // closing the shared PD
 	failed  int
 	threads int
 	peakRSS string
@@ -288,7 +290,6 @@ func connectAll(ctx context.Context, c config) (*result, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer pd.Close()
 	r := &result{conns: c.conns, nodes: make([]*node, c.conns), b: newBarrier(stepsOf(c.manual))}
 	var mu sync.Mutex
 	fail := func(err error) {
@@ -349,6 +350,12 @@ func connectAll(ctx context.Context, c config) (*result, error) {
 	ready.Wait()
 	r.b.start()
 	wg.Wait()
+	// Every connection is closed by now, unless an interrupted iWARP dial
+	// still releases its QP in the background: then the PD is busy, and
+	// that is reported rather than left behind unsaid.
+	if err := pd.Close(); err != nil {
+		r.pdErr = fmt.Errorf("closing the shared PD: %w", err)
+	}
 	r.threads = pprof.Lookup("threadcreate").Count()
 	r.peakRSS = procStatus("VmHWM")
 	return r, nil
@@ -434,6 +441,9 @@ func (r *result) print(out io.Writer) {
 	fmt.Fprintf(out, "go process: %d OS threads created, peak RSS %s\n", r.threads, r.peakRSS)
 	if r.err != nil {
 		fmt.Fprintf(out, "%d of %d connections failed; the first: %v\n", r.failed, r.conns, r.err)
+	}
+	if r.pdErr != nil {
+		fmt.Fprintf(out, "%v\n", r.pdErr)
 	}
 }
 
