@@ -400,6 +400,14 @@ func (g *Guest) read() {
 			c.finish(m.Code, m.Err)
 		}
 	}
+	// A dying kernel still writes its last words after the agent's
+	// connection drops. On a panic the guest reboots at once (panic=-1),
+	// which ends qemu (-no-reboot): wait for that, a few seconds at most,
+	// so that the console tail holds the whole panic.
+	select {
+	case <-g.exited:
+	case <-time.After(3 * time.Second):
+	}
 	g.mu.Lock()
 	if g.closed {
 		err = errors.New("guest shut down")
