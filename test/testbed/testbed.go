@@ -400,14 +400,6 @@ func (g *Guest) read() {
 			c.finish(m.Code, m.Err)
 		}
 	}
-	// A dying kernel still writes its last words after the agent's
-	// connection drops. On a panic the guest reboots at once (panic=-1),
-	// which ends qemu (-no-reboot): wait for that, a few seconds at most,
-	// so that the console tail holds the whole panic.
-	select {
-	case <-g.exited:
-	case <-time.After(3 * time.Second):
-	}
 	g.mu.Lock()
 	if g.closed {
 		err = errors.New("guest shut down")
@@ -427,16 +419,26 @@ func (g *Guest) read() {
 // Role is "single", "a" or "b".
 func (g *Guest) Role() string { return g.Topology.Role }
 
+// maxPanicLines bounds how far back consoleTail looks for a panic's headline.
+const maxPanicLines = 150
+
 // ConsolePath is the file receiving the guest's serial console (kernel log).
 func (g *Guest) ConsolePath() string { return filepath.Join(g.tmp, "console.log") }
 
-// consoleTail returns the last n lines of the console log, labelled.
+// consoleTail returns the last n lines of the console log, labelled. A
+// kernel panic's headline opens the tail even when its call trace runs
+// longer than n lines (one of about 40 once pushed it out of a 40-line tail).
 func (g *Guest) consoleTail(n int) string {
 	b, _ := os.ReadFile(g.ConsolePath())
 	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
+	from := max(len(lines)-n, 0)
+	for i := len(lines) - 1; i >= 0 && i >= len(lines)-maxPanicLines; i-- {
+		if strings.Contains(lines[i], "Kernel panic") || strings.Contains(lines[i], "BUG:") {
+			from = min(from, i)
+			break
+		}
 	}
+	lines = lines[from:]
 	return "--- guest console (last " + strconv.Itoa(len(lines)) + " lines) ---\n" + strings.Join(lines, "\n") + "\n--- end of guest console ---"
 }
 

@@ -1,0 +1,53 @@
+package testbed
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func writeConsole(t *testing.T, lines []string) *Guest {
+	t.Helper()
+	g := &Guest{tmp: t.TempDir()}
+	require.NoError(t, os.WriteFile(filepath.Join(g.tmp, "console.log"), []byte(strings.Join(lines, "\n")+"\n"), 0o644))
+	return g
+}
+
+func numbered(prefix string, n int) []string {
+	var l []string
+	for i := range n {
+		l = append(l, fmt.Sprintf("%s %d", prefix, i))
+	}
+	return l
+}
+
+// A panic whose call trace is longer than the tail keeps its headline.
+func TestConsoleTailKeepsThePanicHeadline(t *testing.T) {
+	lines := append(numbered("boot", 100), "Kernel panic - not syncing: sysrq triggered crash")
+	lines = append(lines, numbered("trace", 45)...)
+	tail := writeConsole(t, lines).consoleTail(40)
+	assert.Contains(t, tail, "(last 46 lines)")
+	assert.Contains(t, tail, "---\nKernel panic - not syncing")
+	assert.NotContains(t, tail, "boot 99")
+	assert.Contains(t, tail, "trace 44\n--- end")
+}
+
+// Without a panic, or with one too far back, the tail is n lines.
+func TestConsoleTailIsNLines(t *testing.T) {
+	tail := writeConsole(t, numbered("line", 100)).consoleTail(40)
+	assert.Contains(t, tail, "(last 40 lines)")
+	assert.Contains(t, tail, "---\nline 60\n")
+
+	old := append([]string{"BUG: an old one"}, numbered("later", maxPanicLines+10)...)
+	tail = writeConsole(t, old).consoleTail(40)
+	assert.Contains(t, tail, "(last 40 lines)")
+	assert.NotContains(t, tail, "BUG:")
+
+	short := writeConsole(t, numbered("line", 5)).consoleTail(40)
+	assert.Contains(t, short, "(last 5 lines)")
+}
