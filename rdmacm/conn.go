@@ -76,6 +76,10 @@ type Conn struct {
 	closeOnce sync.Once
 	closeErr  error
 
+	disconnectOnce sync.Once
+	disconnectErr  error
+	disconnecting  atomic.Bool // this side sent a disconnect: the peer's answer needs none
+
 	sendMu sync.Mutex
 	recvMu sync.Mutex
 	wrID   atomic.Uint64
@@ -97,8 +101,8 @@ func (c *Conn) PeerPrivateData() []byte { return c.peerData }
 func (c *Conn) Peer() UDPeer { return c.peer }
 
 // Done is closed when the connection ends: the peer disconnected, the
-// device went away, the local address moved, or Close was called. Err
-// then says which.
+// device went away, the local address moved, or Disconnect or Close was
+// called. Err then says which.
 func (c *Conn) Done() <-chan struct{} { return c.done }
 
 // Err is nil while the connection is up, then the reason it ended
@@ -135,6 +139,13 @@ func (c *Conn) end(kind error, ev *event) {
 func (c *Conn) onEvent(ev *event) {
 	switch ev.Type {
 	case EventDisconnected:
+		// Answer the peer's disconnect now: on InfiniBand and RoCE its
+		// side waits for our reply (the DREP), which would otherwise go
+		// out only when this side is closed. The id cannot be destroyed
+		// meanwhile: handlers run under its lock.
+		if !c.disconnecting.Load() {
+			c.id.disconnect()
+		}
 		c.end(ErrDisconnected, ev)
 	case EventDeviceRemoval:
 		c.end(ErrDeviceRemoved, ev)
@@ -148,31 +159,73 @@ func (c *Conn) opError(op string, kind, err error) *OpError {
 		QPN: c.QP.QPN, Kind: kind, Err: err}
 }
 
-// Close disconnects, waits up to CloseTimeout for the peer's side of the
-// disconnect, and releases the QP, MRs made with RegisterMemory, CQs, PD
-// and the CM id, in that order.
+// Disconnect ends the connection without releasing it, so that many
+// connections can be taken down together and released afterwards (as
+// rdma-core's cmtime does): it sends a disconnect and waits until the CM
+// reports the end, up to CloseTimeout or ctx. The QP is then in the error
+// state, its posted work requests flushed, and Done is closed. It returns
+// nil if the connection had ended already. Close, which disconnects too,
+// is still needed. A UD connection, or one made by ConnectOverTCP, has no
+// CM connection to end: Disconnect just ends it here (ConnectOverTCP's by
+// closing its socket).
+func (c *Conn) Disconnect(ctx context.Context) error {
+	c.disconnectOnce.Do(func() { c.disconnectErr = c.disconnect(ctx) })
+	return c.disconnectErr
+}
+
+func (c *Conn) disconnect(ctx context.Context) error {
+	if c.tcp != nil {
+		c.end(ErrClosed, nil) // before the watcher sees its own close as the peer's
+		c.tcp.Close()
+		if c.tcpDone != nil { // nil when the watcher never started
+			<-c.tcpDone
+		}
+		return nil
+	}
+	if c.QP.Type == verbs.QPTypeUD {
+		c.end(ErrClosed, nil)
+		return nil
+	}
+	select {
+	case <-c.done:
+		return nil
+	default:
+	}
+	start := time.Now()
+	c.disconnecting.Store(true)
+	if err := c.id.disconnect(); err != nil {
+		select {
+		case <-c.done:
+			return nil // the peer's disconnect came first
+		default:
+		}
+		c.end(ErrClosed, nil)
+		return c.opError("disconnect", nil, err)
+	}
+	t := time.NewTimer(c.opts.CloseTimeout)
+	defer t.Stop()
+	select {
+	case <-c.done:
+		c.opts.trace(StepDisconnect, start)
+		return nil
+	case <-t.C:
+		c.end(ErrClosed, nil)
+		oe := c.opError("disconnect", ErrTimeout, fmt.Errorf("no DISCONNECTED event within %v", c.opts.CloseTimeout))
+		oe.Hint = "the peer did not answer the disconnect (it may be gone); the QP is in the error state regardless"
+		return oe
+	case <-ctx.Done():
+		c.end(ErrClosed, nil)
+		return c.opError("disconnect", nil, ctx.Err())
+	}
+}
+
+// Close disconnects (see Disconnect), and releases the QP, MRs made with
+// RegisterMemory, CQs, PD and the CM id, in that order. A disconnect that
+// gets no answer within CloseTimeout does not stop the release; Close
+// reports only what releasing the objects reported.
 func (c *Conn) Close() error {
 	c.closeOnce.Do(func() {
-		if c.tcp != nil {
-			c.end(ErrClosed, nil) // before the watcher sees its own close as the peer's
-			c.tcp.Close()
-			if c.tcpDone != nil { // nil when the watcher never started
-				<-c.tcpDone
-			}
-		} else if c.QP.Type != verbs.QPTypeUD {
-			select {
-			case <-c.done:
-			default:
-				start := time.Now()
-				if err := c.id.disconnect(); err == nil {
-					select {
-					case <-c.done:
-						c.opts.trace(StepDisconnect, start)
-					case <-time.After(c.opts.CloseTimeout):
-					}
-				}
-			}
-		}
+		c.Disconnect(context.Background())
 		if c.group.IsValid() {
 			c.id.leaveMulticast(c.group)
 		}

@@ -109,8 +109,9 @@ func intOpt(v int32) []byte {
 	return binary.NativeEndian.AppendUint32(nil, uint32(v))
 }
 
-// resolve runs address and route resolution with bounded retries.
-func (e *endpoint) resolve(ctx context.Context, src netip.Addr) error {
+// resolveAddr runs address resolution with bounded retries and learns the
+// device it leads to.
+func (e *endpoint) resolveAddr(ctx context.Context, src netip.Addr) error {
 	o := e.o
 	start := time.Now()
 	for attempt := 0; ; attempt++ {
@@ -138,10 +139,13 @@ func (e *endpoint) resolve(ctx context.Context, src netip.Addr) error {
 	}
 	e.res.dev = dev
 	e.iwarp = dev.Info.Transport == verbs.TransportIWARP
-	if err := e.checkMode(); err != nil {
-		return err
-	}
-	start = time.Now()
+	return e.checkMode()
+}
+
+// resolveRoute runs route resolution with bounded retries.
+func (e *endpoint) resolveRoute(ctx context.Context) error {
+	o := e.o
+	start := time.Now()
 	for attempt := 0; ; attempt++ {
 		if err := e.id.resolveRoute(o.ResolveRouteTimeout); err != nil {
 			return e.fail("resolve route", ErrRouteResolution, err)
@@ -408,8 +412,10 @@ func (e *endpoint) conn(peerData []byte, mode Mode) *Conn {
 	return c
 }
 
-// abort releases whatever was made, after a failure or cancellation.
-func (e *endpoint) abort() {
-	e.res.close()
+// abort releases whatever was made, after a failure or cancellation, and
+// says what releasing the verbs objects reported.
+func (e *endpoint) abort() error {
+	err := e.res.close()
 	e.id.close()
+	return err
 }

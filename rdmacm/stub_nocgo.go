@@ -18,6 +18,30 @@ type Conn struct{}
 // Close does nothing without cgo.
 func (c *Conn) Close() error { return nil }
 
+// Disconnect does nothing without cgo.
+func (c *Conn) Disconnect(ctx context.Context) error { return nil }
+
+// Connector is a connection being dialed step by step; see the cgo build.
+type Connector struct{}
+
+// NewConnector returns ErrNoCgo without cgo.
+func NewConnector(address string, opts *Options) (*Connector, error) { return nil, ErrNoCgo }
+
+// ResolveAddr returns ErrNoCgo without cgo.
+func (c *Connector) ResolveAddr(ctx context.Context) error { return ErrNoCgo }
+
+// ResolveRoute returns ErrNoCgo without cgo.
+func (c *Connector) ResolveRoute(ctx context.Context) error { return ErrNoCgo }
+
+// CreateQP returns ErrNoCgo without cgo.
+func (c *Connector) CreateQP() error { return ErrNoCgo }
+
+// Connect returns ErrNoCgo without cgo.
+func (c *Connector) Connect(ctx context.Context) (*Conn, error) { return nil, ErrNoCgo }
+
+// Close does nothing without cgo.
+func (c *Connector) Close() error { return nil }
+
 // Listener takes connect requests; see the cgo build.
 type Listener struct{}
 

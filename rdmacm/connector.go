@@ -1,0 +1,251 @@
+//go:build linux && cgo
+
+package rdmacm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"syscall"
+	"time"
+
+	"github.com/rdmago/rdmago/verbs"
+)
+
+// A Connector is a connection being dialed, taken through Dial's steps one
+// call at a time: NewConnector (rdma_create_id), ResolveAddr, ResolveRoute,
+// CreateQP and Connect, in that order. It is for programs that, like
+// rdma-core's cmtime or a pool set up in bulk, run one step for many
+// connections before the next: one goroutine can create every id, or every
+// QP, in a loop, without a goroutine and a hand-over per connection. The
+// network steps wait for the CM and are run concurrently the usual way, a
+// goroutine per connection. Dial is these five calls.
+//
+// A Connector is used by one goroutine at a time; ctx cancels the step it
+// is given. A step that fails leaves the Connector failed: later steps
+// return that error. Close releases what the Connector holds unless Connect
+// has handed it to a Conn; call it on every path (it is harmless after a
+// successful Connect).
+type Connector struct {
+	e    *endpoint
+	next Step  // the step whose method may run next
+	err  error // the failure that ended the dial
+	// background: a failed iWARP connect may still be pending in the
+	// kernel, and destroying the id waits for it; Close releases in the
+	// background so that the caller is not held up.
+	background bool
+	done       bool // Connect returned a Conn, which owns everything
+	closed     bool
+}
+
+// NewConnector checks opts, parses address ("10.0.0.2:7471",
+// "[fe80::2%eth0]:7471") and creates the CM id: Dial's first step.
+func NewConnector(address string, opts *Options) (*Connector, error) {
+	o := opts.withDefaults()
+	if err := o.check(); err != nil {
+		return nil, err
+	}
+	dst, err := parseAddr(address)
+	if err != nil {
+		return nil, err
+	}
+	ps := o.portSpace()
+	if _, err := encodePrivateData(ps, msgConnect, o.RawPrivateData, 0, o.PrivateData); err != nil {
+		return nil, &OpError{Op: "dial", Local: addrPort(o.Source), Remote: dst, Err: err}
+	}
+	start := time.Now()
+	id, err := newID(ps)
+	if err != nil {
+		return nil, &OpError{Op: "dial", Local: addrPort(o.Source), Remote: dst, Err: err}
+	}
+	o.trace(StepCreateID, start)
+	e := &endpoint{op: "dial", o: &o, id: id, local: addrPort(o.Source), remote: dst}
+	return &Connector{e: e, next: StepResolveAddr}, nil
+}
+
+// step admits the call of method, which is step s, or says why not.
+func (c *Connector) step(s Step, method string) error {
+	switch {
+	case c.closed:
+		return &OpError{Op: method, Local: c.e.local, Remote: c.e.remote, Err: ErrClosed}
+	case c.err != nil:
+		return c.err
+	case c.done:
+		return &OpError{Op: method, Local: c.e.local, Remote: c.e.remote,
+			Err: errors.New("the Connector has connected already")}
+	case s != c.next:
+		how := "must come first"
+		if s < c.next {
+			how = "is done already"
+		}
+		return &OpError{Op: method, Local: c.e.local, Remote: c.e.remote,
+			Err: fmt.Errorf("out of order: %s %s", connectorMethods[min(s, c.next)], how)}
+	}
+	return nil
+}
+
+var connectorMethods = map[Step]string{StepResolveAddr: "ResolveAddr", StepResolveRoute: "ResolveRoute",
+	StepCreateQP: "CreateQP", StepConnect: "Connect"}
+
+// finish records the outcome of step s; a failure ends the dial.
+func (c *Connector) finish(s Step, err error) error {
+	if err != nil {
+		c.err = err
+		return err
+	}
+	c.next = s + 1
+	if s == StepCreateQP {
+		c.next = StepConnect
+	}
+	return nil
+}
+
+// ResolveAddr applies the id's options (TOS, reuse, ACK timeout) and
+// resolves the destination to a local RDMA device and port, with
+// Options.ResolveAddrTimeout and ResolveRetries. It refuses a mode the
+// device cannot do (UD or ModeManual on iWARP).
+func (c *Connector) ResolveAddr(ctx context.Context) error {
+	if err := c.step(StepResolveAddr, "ResolveAddr"); err != nil {
+		return err
+	}
+	e := c.e
+	err := e.setOptions()
+	if err == nil {
+		err = e.resolveAddr(ctx, e.o.Source)
+	}
+	return c.finish(StepResolveAddr, err)
+}
+
+// ResolveRoute resolves the route to the destination, with
+// Options.ResolveRouteTimeout and ResolveRetries.
+func (c *Connector) ResolveRoute(ctx context.Context) error {
+	if err := c.step(StepResolveRoute, "ResolveRoute"); err != nil {
+		return err
+	}
+	return c.finish(StepResolveRoute, c.e.resolveRoute(ctx))
+}
+
+// CreateQP makes the PD (unless Options.PD), the CQs and the QP; in
+// ModeManual the QP is taken to INIT. It waits for nothing.
+func (c *Connector) CreateQP() error {
+	if err := c.step(StepCreateQP, "CreateQP"); err != nil {
+		return err
+	}
+	return c.finish(StepCreateQP, c.e.prepare())
+}
+
+// Connect sends the connect request with Options.PrivateData, waits up to
+// Options.ConnectTimeout for the peer's answer and returns the connection,
+// which from then on owns every resource (Close on the Connector no longer
+// releases anything). Its errors are Dial's.
+func (c *Connector) Connect(ctx context.Context) (*Conn, error) {
+	if err := c.step(StepConnect, "Connect"); err != nil {
+		return nil, err
+	}
+	conn, err := c.e.connect(ctx)
+	if err != nil {
+		e := c.e
+		c.background = e.iwarp && e.connecting && (ctx.Err() != nil || errors.Is(err, ErrTimeout))
+		c.err = err
+		return nil, err
+	}
+	c.done = true
+	return conn, nil
+}
+
+// Close releases the QP, CQs, PD and CM id, unless Connect returned a Conn
+// (close that instead). It returns what releasing the verbs objects
+// reported, or nil when the release goes on in the background: an iWARP
+// connect that was cancelled or timed out may still be pending in the
+// kernel, which holds up destroying the id for up to about 10 s.
+func (c *Connector) Close() error {
+	if c.closed || c.done {
+		c.closed = true
+		return nil
+	}
+	c.closed = true
+	if c.background {
+		go c.e.abort()
+		return nil
+	}
+	return c.e.abort()
+}
+
+// connect is Dial's last step: the request, the answer and, in ModeManual,
+// the QP's moves and the RTU.
+func (e *endpoint) connect(ctx context.Context) (*Conn, error) {
+	o := e.o
+	var p ConnParam
+	if err := e.rdAtomic(&p, nil); err != nil {
+		return nil, err
+	}
+	p.RetryCount, p.RNRRetryCount = orSeven(o.RetryCount), orSeven(o.RNRRetryCount)
+	if o.Mode == ModeManual {
+		p.QPNum = e.res.qp.QPN
+	}
+	data, err := encodePrivateData(e.id.ps, msgConnect, o.RawPrivateData, e.localMTU(), o.PrivateData)
+	if err != nil {
+		return nil, e.fail("connect", nil, err)
+	}
+	if err := e.beforeConnect(); err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	if err := e.id.connectOrAccept(false, p, data); err != nil {
+		if errors.Is(err, syscall.ECONNREFUSED) {
+			// iWARP connects its TCP stream in rdma_connect: a refusal is immediate.
+			oe := e.fail("connect", nil, &RejectedError{Status: rejectIWARP})
+			oe.Hint = rejectMeaning(rejectIWARP)
+			return nil, oe
+		}
+		return nil, e.fail("connect", ErrConnect, err)
+	}
+	e.connecting = true
+	ev, err := e.await(ctx, "connect", o.ConnectTimeout)
+	if err != nil {
+		return nil, err
+	}
+	peerData, peerMTU := decodePrivateData(ev.PrivateData, o.RawPrivateData)
+	switch ev.Type {
+	case EventEstablished:
+		o.trace(StepConnect, start)
+		if o.QPType == verbs.QPTypeUD {
+			return e.udConn(ev, peerData)
+		}
+		return e.conn(peerData, o.Mode), nil
+	case EventConnectResponse:
+		// Manual mode: the QP is ours to move, then the RTU tells the peer.
+		// INIT again first, as librdmacm does for its own QPs: only now
+		// does the CM grant remote read and atomic access (the INIT
+		// attributes before the reply have remote write alone), and without
+		// it the peer's RDMA READs fail with a remote invalid request.
+		o.trace(StepConnect, start)
+		for _, to := range []verbs.QPState{verbs.QPStateInit, verbs.QPStateRTR, verbs.QPStateRTS} {
+			if err := e.move(to, peerMTU); err != nil {
+				e.id.reject(nil)
+				return nil, err
+			}
+		}
+		start := time.Now()
+		if err := e.id.establish(); err != nil {
+			return nil, e.fail("rdma_establish", ErrConnect, err)
+		}
+		o.trace(StepEstablish, start)
+		return e.conn(peerData, o.Mode), nil
+	case EventRejected:
+		oe := e.failEvent("connect", nil, ev)
+		rej := &RejectedError{Status: ev.Status, PrivateData: peerData}
+		if why := decodeRefusal(ev.PrivateData); why != RefusalNone && !o.RawPrivateData {
+			rej.Refusal, rej.PrivateData, oe.Hint = why, nil, why.hint()
+		}
+		oe.Err = rej
+		return nil, oe
+	case EventUnreachable:
+		return nil, e.failEvent("connect", ErrUnreachable, ev)
+	case EventConnectError:
+		return nil, e.failEvent("connect", ErrConnect, ev)
+	case EventDeviceRemoval:
+		return nil, e.failEvent("connect", ErrDeviceRemoved, ev)
+	}
+	return nil, e.failEvent("connect", ErrConnect, ev)
+}

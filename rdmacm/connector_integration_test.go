@@ -1,0 +1,120 @@
+//go:build integration
+
+package rdmacm_test
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/rdmago/rdmago/rdmacm"
+)
+
+// A Connector taken through the steps by hand gives a working connection,
+// reports each step once, and its Close leaves the Conn alone.
+func TestConnectorSteps(t *testing.T) {
+	forEachDevice(t, func(t *testing.T, d device) {
+		checkNoLeaks(t)
+		ctx := ctxFor(t, 20*time.Second)
+		l, addr := listen(t, d, nil)
+		accepted := make(chan *rdmacm.Conn, 1)
+		go func() {
+			c, err := l.Accept(ctx)
+			assert.NoError(t, err)
+			accepted <- c
+		}()
+		var steps []rdmacm.Step
+		o := &rdmacm.Options{Trace: func(s rdmacm.Step, _ time.Time, _ time.Duration) { steps = append(steps, s) }}
+		c, err := rdmacm.NewConnector(addr, o)
+		require.NoError(t, err)
+		require.NoError(t, c.ResolveAddr(ctx))
+		require.NoError(t, c.ResolveRoute(ctx))
+		require.NoError(t, c.CreateQP())
+		client, err := c.Connect(ctx)
+		require.NoError(t, err)
+		assert.NoError(t, c.Close(), "after Connect, Close has nothing to release")
+		server := <-accepted
+		require.NotNil(t, server)
+		exchange(t, client, server) // the Conn still owns its QP, CQs and PD
+		assert.Equal(t, []rdmacm.Step{rdmacm.StepCreateID, rdmacm.StepResolveAddr, rdmacm.StepResolveRoute,
+			rdmacm.StepCreateQP, rdmacm.StepConnect}, steps)
+
+		_, err = c.Connect(ctx)
+		assert.ErrorIs(t, err, rdmacm.ErrClosed, "a closed Connector takes no more steps")
+
+		// Disconnect ends both sides and releases nothing; Close does.
+		require.NoError(t, client.Disconnect(ctx))
+		assert.Equal(t, rdmacm.StepDisconnect, steps[len(steps)-1])
+		select {
+		case <-client.Done():
+		default:
+			t.Fatal("Done is open after Disconnect returned")
+		}
+		assert.ErrorIs(t, client.Err(), rdmacm.ErrDisconnected)
+		select {
+		case <-server.Done():
+		case <-ctx.Done():
+			t.Fatal("the server never saw the disconnect")
+		}
+		assert.NoError(t, client.Disconnect(ctx), "a second Disconnect")
+		assert.NoError(t, server.Disconnect(ctx), "Disconnect after the peer's")
+		assert.NoError(t, client.Close())
+		assert.NoError(t, server.Close())
+		assert.Equal(t, []rdmacm.Step{rdmacm.StepDisconnect, rdmacm.StepDestroyQP, rdmacm.StepDestroyID}, steps[5:])
+	})
+}
+
+// Steps out of order are refused with the method that must come first, and
+// a Connector closed halfway releases what it made.
+func TestConnectorOrder(t *testing.T) {
+	forEachDevice(t, func(t *testing.T, d device) {
+		checkNoLeaks(t)
+		ctx := ctxFor(t, 20*time.Second)
+		_, addr := listen(t, d, nil)
+		c, err := rdmacm.NewConnector(addr, nil)
+		require.NoError(t, err)
+		assert.ErrorContains(t, c.CreateQP(), "out of order: ResolveAddr must come first")
+		_, err = c.Connect(ctx)
+		assert.ErrorContains(t, err, "out of order: ResolveAddr must come first")
+		require.NoError(t, c.ResolveAddr(ctx), "a refused call does not spoil the Connector")
+		assert.ErrorContains(t, c.ResolveAddr(ctx), "out of order: ResolveAddr is done already")
+		assert.ErrorContains(t, c.CreateQP(), "out of order: ResolveRoute must come first")
+		require.NoError(t, c.ResolveRoute(ctx))
+		require.NoError(t, c.CreateQP())
+		assert.NoError(t, c.Close(), "with an id, CQs and a QP")
+		assert.NoError(t, c.Close(), "twice")
+		assert.ErrorIs(t, c.ResolveRoute(ctx), rdmacm.ErrClosed)
+	})
+}
+
+// A failed step ends the dial: later steps return that failure, and Close
+// releases everything.
+func TestConnectorFailureSticks(t *testing.T) {
+	forEachDevice(t, func(t *testing.T, d device) {
+		checkNoLeaks(t)
+		ctx := ctxFor(t, 20*time.Second)
+		c, err := rdmacm.NewConnector(d.at(port()), nil) // nobody listens there
+		require.NoError(t, err)
+		require.NoError(t, c.ResolveAddr(ctx))
+		require.NoError(t, c.ResolveRoute(ctx))
+		require.NoError(t, c.CreateQP())
+		_, err = c.Connect(ctx)
+		require.ErrorIs(t, err, rdmacm.ErrRejected)
+		_, again := c.Connect(ctx)
+		assert.Same(t, err, again)
+		var oe *rdmacm.OpError
+		require.True(t, errors.As(err, &oe))
+		assert.Equal(t, d.name, oe.Device)
+		assert.NoError(t, c.Close())
+	})
+}
+
+func TestNewConnectorBadInput(t *testing.T) {
+	_, err := rdmacm.NewConnector("nowhere", nil)
+	assert.ErrorContains(t, err, "nowhere")
+	_, err = rdmacm.NewConnector("10.0.0.1:1", &rdmacm.Options{PrivateData: make([]byte, 1000)})
+	assert.ErrorIs(t, err, rdmacm.ErrPrivateDataTooLong)
+}
