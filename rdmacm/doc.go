@@ -19,6 +19,18 @@
 // connection several times slower than C's. Waiting costs a parked
 // goroutine, not an OS thread.
 //
+// # One step at a time
+//
+// Dial is five calls on a Connector: NewConnector (rdma_create_id),
+// ResolveAddr, ResolveRoute, CreateQP and Connect. Programs that set up
+// many connections at once can make them themselves, one step for every
+// connection before the next, as C programs such as cmtime do: the local
+// steps in a loop on one goroutine, the network steps concurrently. With a
+// goroutine per Dial instead, every local step pays a hand-over between
+// goroutines, which costs more than the step's own call. Conn.Disconnect
+// likewise ends a connection without releasing it, so that many can be
+// ended together and then closed.
+//
 // # Who moves the QP
 //
 // ModeCM (the default) lets librdmacm create and move the QP: it goes to

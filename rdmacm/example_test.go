@@ -122,3 +122,60 @@ func ExampleOpenDevice() {
 		defer conn.Close()
 	}
 }
+
+// A pool of connections set up in bulk, one step for all of them before
+// the next: the local steps (create id, create QP) run in one loop, the
+// network steps wait for the CM concurrently.
+func ExampleConnector() {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	const n = 64
+	cs := make([]*rdmacm.Connector, n)
+	for i := range cs {
+		c, err := rdmacm.NewConnector("10.10.0.1:7471", nil)
+		if err != nil {
+			log.Fatal(err)
+		}
+		defer c.Close() // releases nothing once Connect has made a Conn
+		cs[i] = c
+	}
+	// each runs a network step on every connection at once.
+	each := func(step func(i int) error) error {
+		errs := make(chan error, n)
+		for i := range cs {
+			go func() { errs <- step(i) }()
+		}
+		var first error
+		for range cs {
+			if err := <-errs; err != nil && first == nil {
+				first = err
+			}
+		}
+		return first
+	}
+	if err := each(func(i int) error { return cs[i].ResolveAddr(ctx) }); err != nil {
+		log.Fatal(err)
+	}
+	if err := each(func(i int) error { return cs[i].ResolveRoute(ctx) }); err != nil {
+		log.Fatal(err)
+	}
+	for _, c := range cs {
+		if err := c.CreateQP(); err != nil {
+			log.Fatal(err)
+		}
+	}
+	conns := make([]*rdmacm.Conn, n)
+	err := each(func(i int) (err error) {
+		conns[i], err = cs[i].Connect(ctx)
+		return err
+	})
+	for _, conn := range conns {
+		if conn != nil {
+			defer conn.Close()
+		}
+	}
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(len(conns), "connections up")
+}

@@ -135,143 +135,39 @@ func serve(ctx context.Context, c config, out io.Writer) error {
 	}
 }
 
-// barrier holds each connection's k-th step until every connection still
-// running has done its k-th step, as the C tool runs one step at a time.
-// Within a step it schedules the connections as C's loops do: the steps
-// that are local calls (create id, create qp, the modifies, destroy) are
-// taken in turns, one connection after another, and those that wait for
-// the network start together, their answers arriving in any order.
-type barrier struct {
-	mu      sync.Mutex
-	parties int
-	seq     []rdmacm.Step   // the steps expected, in order
-	done    int             // parties through the running step
-	queue   []chan struct{} // parties waiting for their turn at the running step
-	next    []chan struct{} // parties through it, waiting for the next
-	release time.Time       // when the running step began
-	walls   []time.Duration // per step that ended
-	steps   []rdmacm.Step   // per step that ended, as reported
-}
-
-// inTurns lists the steps that C cmtime runs in a loop of local calls.
-var inTurns = map[rdmacm.Step]bool{
-	rdmacm.StepCreateID: true, rdmacm.StepCreateQP: true, rdmacm.StepInitQP: true, rdmacm.StepRTRQP: true,
-	rdmacm.StepRTSQP: true, rdmacm.StepEstablish: true, rdmacm.StepDestroyQP: true, rdmacm.StepDestroyID: true,
-}
-
-// stepsOf is the order in which a dial and close report their steps.
-func stepsOf(manual bool) []rdmacm.Step {
-	if manual {
-		return []rdmacm.Step{rdmacm.StepCreateID, rdmacm.StepResolveAddr, rdmacm.StepResolveRoute, rdmacm.StepCreateQP,
-			rdmacm.StepInitQP, rdmacm.StepConnect, rdmacm.StepInitQP, rdmacm.StepRTRQP, rdmacm.StepRTSQP,
-			rdmacm.StepEstablish, rdmacm.StepDisconnect, rdmacm.StepDestroyQP, rdmacm.StepDestroyID}
-	}
-	return []rdmacm.Step{rdmacm.StepCreateID, rdmacm.StepResolveAddr, rdmacm.StepResolveRoute, rdmacm.StepCreateQP,
-		rdmacm.StepConnect, rdmacm.StepDisconnect, rdmacm.StepDestroyQP, rdmacm.StepDestroyID}
-}
-
-func newBarrier(seq []rdmacm.Step) *barrier {
-	return &barrier{seq: seq}
-}
-
-// join adds a party, which waits on turn for each step to begin.
-func (b *barrier) join(turn chan struct{}) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.parties++
-	b.queue = append(b.queue, turn)
-}
-
-// start begins the first step.
-func (b *barrier) start() {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.release = time.Now()
-	b.letGo()
-}
-
-// running is the step under way, as expected.
-func (b *barrier) running() (rdmacm.Step, bool) {
-	if k := len(b.walls); k < len(b.seq) {
-		return b.seq[k], true
-	}
-	return 0, false
-}
-
-// letGo starts the next party waiting at the running step, or all of them.
-func (b *barrier) letGo() {
-	if s, ok := b.running(); ok && inTurns[s] {
-		if len(b.queue) > 0 {
-			b.queue[0] <- struct{}{}
-			b.queue = b.queue[1:]
-		}
-		return
-	}
-	for _, t := range b.queue {
-		t <- struct{}{}
-	}
-	b.queue = nil
-}
-
-// arrive records that a party did step s, and waits on turn until the next
-// step lets it go.
-func (b *barrier) arrive(s rdmacm.Step, turn chan struct{}) {
-	b.mu.Lock()
-	b.done++
-	b.next = append(b.next, turn)
-	if len(b.steps) == len(b.walls) {
-		b.steps = append(b.steps, s)
-	}
-	b.advance()
-	b.mu.Unlock()
-	<-turn
-}
-
-// leave drops a party that failed or finished. A failure in a step taken in
-// turns passes the turn on.
-func (b *barrier) leave() {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.parties--
-	b.advance()
-}
-
-// advance ends the running step once every party is through it, else lets
-// the next party in turn go.
-func (b *barrier) advance() {
-	if b.done < b.parties || b.parties == 0 {
-		if len(b.queue) > 0 {
-			if s, ok := b.running(); ok && inTurns[s] {
-				b.letGo()
-			}
-		}
-		return
-	}
-	now := time.Now()
-	b.walls = append(b.walls, now.Sub(b.release))
-	b.release = now
-	b.done, b.queue, b.next = 0, b.next, nil
-	b.letGo()
-}
-
-// node is one connection's times, per step (a step may occur twice: the
-// manual dialer takes its QP to INIT again after the reply).
+// node is one connection: its Connector, then its Conn, and its times per
+// step (a step may occur twice: the manual dialer takes its QP to INIT
+// again after the reply).
 type node struct {
-	d  map[rdmacm.Step]time.Duration
-	ok bool
+	o      *rdmacm.Options
+	c      *rdmacm.Connector
+	conn   *rdmacm.Conn
+	d      map[rdmacm.Step]time.Duration
+	failed bool
+}
+
+// phase is one step for all connections, timed as a whole.
+type phase struct {
+	step rdmacm.Step
+	wall time.Duration
 }
 
 type result struct {
 	conns   int
 	nodes   []*node
-	b       *barrier
-	err     error // the first failure, if any
-	pdErr   error // closing the shared PD
+	phases  []phase
+	within  []rdmacm.Step // steps that run inside another's phase
+	err     error         // the first failure, if any
+	pdErr   error         // closing the shared PD
 	failed  int
 	threads int
 	peakRSS string
 }
 
+// connectAll runs the C client's schedule: each step for every connection
+// before the next step. The local calls (create id, create qp, destroy)
+// run one connection after another in a loop; the steps that wait for the
+// network are started together, a goroutine per connection.
 func connectAll(ctx context.Context, c config) (*result, error) {
 	dst := net.JoinHostPort(c.server, strconv.Itoa(c.port))
 	var src netip.Addr
@@ -290,24 +186,15 @@ func connectAll(ctx context.Context, c config) (*result, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &result{conns: c.conns, nodes: make([]*node, c.conns), b: newBarrier(stepsOf(c.manual))}
-	var mu sync.Mutex
-	fail := func(err error) {
-		mu.Lock()
-		defer mu.Unlock()
-		r.failed++
-		if r.err == nil {
-			r.err = err
-		}
+	r := &result{conns: c.conns, nodes: make([]*node, c.conns)}
+	if c.manual {
+		// The modifies and the RTU follow each reply, inside Connect.
+		r.within = []rdmacm.Step{rdmacm.StepInitQP, rdmacm.StepRTRQP, rdmacm.StepRTSQP, rdmacm.StepEstablish}
 	}
-	// The goroutines are up before the clock starts, as C starts its
-	// threads before its first step.
-	var ready sync.WaitGroup
-	var wg sync.WaitGroup
 	for i := range r.nodes {
-		n := &node{d: map[rdmacm.Step]time.Duration{}}
+		n := &node{d: map[rdmacm.Step]time.Duration{}, o: options(c)}
 		r.nodes[i] = n
-		o := options(c)
+		o := n.o
 		o.Source = src
 		o.PD = pd
 		// As in C cmtime, -t bounds address and route resolution; the
@@ -323,33 +210,26 @@ func connectAll(ctx context.Context, c config) (*result, error) {
 		if c.manual {
 			o.Mode = rdmacm.ModeManual
 		}
-		turn := make(chan struct{}, 1)
-		o.Trace = func(s rdmacm.Step, _ time.Time, d time.Duration) {
-			n.d[s] += d
-			r.b.arrive(s, turn)
-		}
-		r.b.join(turn)
-		wg.Add(1)
-		ready.Add(1)
-		go func() {
-			defer wg.Done()
-			defer r.b.leave()
-			ready.Done()
-			<-turn
-			conn, err := rdmacm.Dial(ctx, dst, o)
-			if err != nil {
-				fail(err)
-				return
-			}
-			n.ok = true
-			if err := conn.Close(); err != nil {
-				fail(err)
-			}
-		}()
+		// Each node's steps run on one goroutine at a time, the phases
+		// one after another: its map needs no lock.
+		o.Trace = func(s rdmacm.Step, _ time.Time, d time.Duration) { n.d[s] += d }
 	}
-	ready.Wait()
-	r.b.start()
-	wg.Wait()
+	r.run(rdmacm.StepCreateID, false, func(n *node) (err error) {
+		n.c, err = rdmacm.NewConnector(dst, n.o)
+		return err
+	})
+	r.run(rdmacm.StepResolveAddr, true, func(n *node) error { return n.c.ResolveAddr(ctx) })
+	r.run(rdmacm.StepResolveRoute, true, func(n *node) error { return n.c.ResolveRoute(ctx) })
+	r.run(rdmacm.StepCreateQP, false, func(n *node) error { return n.c.CreateQP() })
+	r.run(rdmacm.StepConnect, true, func(n *node) (err error) {
+		n.conn, err = n.c.Connect(ctx)
+		return err
+	})
+	r.run(rdmacm.StepDisconnect, true, func(n *node) error { return n.conn.Disconnect(ctx) })
+	// Close releases the QP, then the id: two rows, each the sum of the
+	// connections' times, as the loop takes them one after another.
+	r.run(-1, false, func(n *node) error { return n.conn.Close() })
+	r.within = append(r.within, rdmacm.StepDestroyQP, rdmacm.StepDestroyID)
 	// Every connection is closed by now, unless an interrupted iWARP dial
 	// still releases its QP in the background: then the PD is busy, and
 	// that is reported rather than left behind unsaid.
@@ -359,6 +239,55 @@ func connectAll(ctx context.Context, c config) (*result, error) {
 	r.threads = pprof.Lookup("threadcreate").Count()
 	r.peakRSS = procStatus("VmHWM")
 	return r, nil
+}
+
+// run takes every connection still going through step s, in a loop or
+// each on its own goroutine, and records the step's wall time (unless s is
+// negative). A connection that fails is released and drops out.
+func (r *result) run(s rdmacm.Step, concurrent bool, f func(*node) error) {
+	var mu sync.Mutex
+	take := func(n *node) {
+		err := f(n)
+		if err == nil {
+			return
+		}
+		n.failed = true
+		if n.c != nil {
+			n.c.Close()
+		}
+		if n.conn != nil {
+			n.conn.Close()
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		r.failed++
+		if r.err == nil {
+			r.err = err
+		}
+	}
+	start := time.Now()
+	if concurrent {
+		var wg sync.WaitGroup
+		for _, n := range r.nodes {
+			if !n.failed {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					take(n)
+				}()
+			}
+		}
+		wg.Wait()
+	} else {
+		for _, n := range r.nodes {
+			if !n.failed {
+				take(n)
+			}
+		}
+	}
+	if s >= 0 {
+		r.phases = append(r.phases, phase{s, time.Since(start)})
+	}
 }
 
 // devicePD allocates the PD that all connections share. The C tool's QPs
@@ -400,35 +329,41 @@ type row struct {
 	perConn  time.Duration // total / connections
 }
 
-// rows aggregates the barrier's walls and the nodes' times by step, in the
-// order the steps ran.
+// rows makes the table: a row per phase, its total the phase's wall time,
+// then a row per step that ran inside another phase, its total the sum of
+// the connections' times. Max and min are one connection's.
 func (r *result) rows() []row {
 	var rows []row
-	index := map[rdmacm.Step]int{}
-	for k, s := range r.b.steps {
-		if k >= len(r.b.walls) {
-			break
-		}
-		i, ok := index[s]
-		if !ok {
-			i = len(rows)
-			index[s] = i
-			rows = append(rows, row{step: s.String(), min: -1})
-		}
-		rows[i].total += r.b.walls[k]
-	}
-	for s, i := range index {
-		w := &rows[i]
+	add := func(s rdmacm.Step, total time.Duration, sum bool) {
+		w := row{step: s.String(), min: -1}
+		seen := false
 		for _, n := range r.nodes {
 			if d, ok := n.d[s]; ok {
+				seen = true
 				w.max = max(w.max, d)
 				if w.min < 0 || d < w.min {
 					w.min = d
 				}
+				if sum {
+					w.total += d
+				}
 			}
+		}
+		if sum && !seen {
+			return // no connection got that far
+		}
+		if !sum {
+			w.total = total
 		}
 		w.min = max(w.min, 0)
 		w.perConn = w.total / time.Duration(r.conns)
+		rows = append(rows, w)
+	}
+	for _, p := range r.phases {
+		add(p.step, p.wall, false)
+	}
+	for _, s := range r.within {
+		add(s, 0, true)
 	}
 	return rows
 }

@@ -8,17 +8,20 @@
 //
 // Like the C client, the Go client takes all connections through one step
 // before any starts the next (create id, resolve address, resolve route,
-// create QP, connect, disconnect, destroy): each row is the wall time of
-// one step for all connections. Destroy has two rows: "destroy qp" (QP,
-// memory and CQs) and "destroy id". The C client's "destroy" is
+// create QP, connect, disconnect, destroy), with rdmacm.Connector's
+// step-wise dial and Conn.Disconnect: the local calls (create id, create
+// QP, destroy) in a loop, the steps that wait for the network started
+// together, a goroutine per connection. Each row is the wall time of one
+// step for all connections. Destroy has two rows: "destroy qp" (QP, memory
+// and CQs) and "destroy id", each the sum of the connections' times, as one
+// Close per connection does both. The C client's "destroy" is
 // rdma_destroy_id alone; it leaves its QPs to the end of the process.
 // All connections share one PD (Options.PD), as the C client's QPs share
 // librdmacm's PD of the device; it is allocated before the clock starts.
-// Every Dial runs on its own goroutine and waits for the others in
-// Options.Trace, which runs between the steps.
-// With -q the QPs are moved by rdmago's manual mode and the INIT, RTR and
-// RTS modifies get rows of their own. The client can talk to the C server
-// ("cmtime" with no -s) and the C client to ours.
+// With -q the QPs are moved by rdmago's manual mode: the INIT, RTR and RTS
+// modifies and the RTU follow each reply inside the connect step, and get
+// rows of their own that sum the connections' times. The client can talk
+// to the C server ("cmtime" with no -s) and the C client to ours.
 //
 // After the table the client prints what the run cost the Go process: OS
 // threads created and peak resident memory.
