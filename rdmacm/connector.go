@@ -63,23 +63,25 @@ func NewConnector(address string, opts *Options) (*Connector, error) {
 	return &Connector{e: e, next: StepResolveAddr}, nil
 }
 
-// step admits the call of method, which is step s, or says why not.
+// step admits the call of method, which is step s, or says why not. The
+// error names no device: after Close the id is gone.
 func (c *Connector) step(s Step, method string) error {
+	refuse := func(err error) error {
+		return &OpError{Op: method, Local: c.e.local, Remote: c.e.remote, Err: err}
+	}
 	switch {
 	case c.closed:
-		return &OpError{Op: method, Local: c.e.local, Remote: c.e.remote, Err: ErrClosed}
+		return refuse(ErrClosed)
 	case c.err != nil:
 		return c.err
 	case c.done:
-		return &OpError{Op: method, Local: c.e.local, Remote: c.e.remote,
-			Err: errors.New("the Connector has connected already")}
+		return refuse(errors.New("the Connector has connected already"))
 	case s != c.next:
 		how := "must come first"
 		if s < c.next {
 			how = "is done already"
 		}
-		return &OpError{Op: method, Local: c.e.local, Remote: c.e.remote,
-			Err: fmt.Errorf("out of order: %s %s", connectorMethods[min(s, c.next)], how)}
+		return refuse(fmt.Errorf("out of order: %s %s", connectorMethods[min(s, c.next)], how))
 	}
 	return nil
 }
