@@ -96,8 +96,10 @@ func TestTwoGuests(t *testing.T) {
 			require.NoError(t, p.a.WaitListening(ctx, mustAddrPort(addr)))
 			cli, cout := p.start(t, ctx, p.b, fmt.Sprintf("client:%d:%s", tc.mode, addr))
 			cerr, serr := cli.Wait(), srv.Wait()
-			require.NoError(t, cerr, "client:\n%s", cout)
-			require.NoError(t, serr, "server:\n%s", sout)
+			// Both sides' output either way: one side's failure is often
+			// explained by what the other saw.
+			require.NoError(t, cerr, "client:\n%sserver:\n%s", cout, sout)
+			require.NoError(t, serr, "server:\n%sclient:\n%s", sout, cout)
 			assert.Contains(t, cout.String(), "client: ok")
 			assert.Contains(t, sout.String(), "server: ok")
 			t.Logf("client:\n%sserver:\n%s", cout, sout)
@@ -162,6 +164,25 @@ func runPeer(spec string) error {
 	opts := &rdmacm.Options{Mode: mode, ACKTimeout: 14, RetryCount: &retries, ConnectTimeout: 10 * time.Second}
 	switch role {
 	case "server", "sink":
+		// The receives go up before the accept: the client sends the
+		// moment it is connected, and on iWARP a SEND that finds no
+		// receive ends the connection.
+		var mr *verbs.MR
+		posts, size := 1, 64
+		if role == "sink" {
+			posts, size = 8, 4096 // the stream's message size
+		}
+		opts.BeforeConnect = func(c *rdmacm.Conn) (err error) {
+			if mr, err = c.RegisterMemory(1<<16, access); err != nil {
+				return err
+			}
+			for i := 0; i < posts; i++ {
+				if err := c.PostRecv(mr, i*4096, size); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
 		l, err := rdmacm.Listen(addr, opts)
 		if err != nil {
 			return err
@@ -174,9 +195,9 @@ func runPeer(spec string) error {
 		defer c.Close()
 		fmt.Println("server: connected", c.Path())
 		if role == "sink" {
-			return sink(ctx, c)
+			return sink(ctx, c, mr)
 		}
-		return serve(ctx, c)
+		return serve(ctx, c, mr)
 	case "client", "stream":
 		c, err := rdmacm.Dial(ctx, addr, opts)
 		if err != nil {
@@ -232,14 +253,8 @@ func talk(ctx context.Context, c *rdmacm.Conn) error {
 	return nil
 }
 
-func serve(ctx context.Context, c *rdmacm.Conn) error {
-	mr, err := c.RegisterMemory(1<<16, access)
-	if err != nil {
-		return err
-	}
-	if err := c.PostRecv(mr, 0, 64); err != nil {
-		return err
-	}
+// serve answers talk; its first receive is posted (BeforeConnect).
+func serve(ctx context.Context, c *rdmacm.Conn, mr *verbs.MR) error {
 	if _, err := c.Recv(ctx); err != nil {
 		return err
 	}
@@ -264,15 +279,9 @@ func serve(ctx context.Context, c *rdmacm.Conn) error {
 	return nil
 }
 
-// sink keeps receives posted until the connection ends.
-func sink(ctx context.Context, c *rdmacm.Conn) error {
-	mr, err := c.RegisterMemory(1<<16, access)
-	if err != nil {
-		return err
-	}
-	for i := 0; i < 8; i++ {
-		c.PostRecv(mr, i*4096, 4096)
-	}
+// sink keeps receives posted until the connection ends; the first eight
+// are posted (BeforeConnect).
+func sink(ctx context.Context, c *rdmacm.Conn, mr *verbs.MR) error {
 	for {
 		wc, err := c.Recv(ctx)
 		if err != nil {
