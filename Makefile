@@ -73,6 +73,9 @@ demo: prepare examples
 
 bench: prepare examples
 	@echo "== benchmarks: Go examples against rdma-core's and perftest's C tools, in one guest"
+	@# perf samples the whole guest for the side-by-side system profiles; the
+	@# guest runs the host's perf, which must match its kernel (Debian 12's 6.1).
+	@bash test/testbed/vm/install-deps.sh linux-perf
 	go build -o bin/bench ./bench
 	go test -c -tags integration -o bin/rdmacm.bench.test ./rdmacm
 	rm -rf bench/profiles

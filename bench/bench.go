@@ -25,7 +25,9 @@ type bench struct {
 	port     int
 	md       strings.Builder
 	profiled []string // profiles written, for the report
-	repeated []string // runs that failed once and were repeated, why
+
+	systemProfiled []cpuTime // perf's summaries written, for the report
+	repeated       []string  // runs that failed once and were repeated, why
 }
 
 // Targets from the issue: Go within 5 % of C.
@@ -52,7 +54,9 @@ func (b *bench) run(ctx context.Context) (string, error) {
 	b.printf("Measured by `make bench` on %s, guest kernel %s, in one test bed guest (qemu, 2 vCPUs), %d rounds per figure (median).\n",
 		time.Now().UTC().Format("2006-01-02 15:04 UTC"), strings.TrimSpace(string(uname)), b.rounds)
 	b.printf("The CPU is emulated: compare the ratios, not the absolute figures. Go/C below 1 means Go is faster (setup, latency);\n")
-	b.printf("for bandwidth, above 1 means Go is faster.\n\n")
+	b.printf("for bandwidth, above 1 means Go is faster.\n")
+	b.printf("Every tool loads from memory: the C tools from the host's root (9p with a lasting page cache), the Go tools from\n")
+	b.printf("copies on the guest's tmpfs, not from the work tree, whose uncached 9p mount would fetch their pages inside the timed steps.\n\n")
 	devs := map[string]string{}
 	for _, name := range []string{"rxe0", "siw0"} {
 		d, err := top.Device(name)
@@ -286,6 +290,9 @@ func (b *bench) setup(ctx context.Context, devs map[string]string) error {
 			}
 			srv.stop()
 		}
+		if err := b.cmtimeSystemProfiles(ctx, dev, devs[dev], n); err != nil {
+			return err
+		}
 		b.printf("### %s, N = %d\n\n| step | C µs/conn | Go µs/conn | Go/C | target ≤ %.2f |\n|---|---:|---:|---:|---|\n", dev, n, maxSetupRatio)
 		for _, s := range setupSteps {
 			b.setupRow(s.g, median(c[s.g]), median(g[s.g]))
@@ -304,6 +311,35 @@ func (b *bench) setupRow(step string, cm, gm float64) {
 var goProcess = regexp.MustCompile(`go process: (\d+) OS threads created, peak RSS (\d+) kB`)
 
 // many opens 1000 connections at once, C and Go clients of one C server.
+// cmtimeSystemProfiles runs C's client and ours once more each, not
+// counted, under perf, each against a fresh C server.
+func (b *bench) cmtimeSystemProfiles(ctx context.Context, dev, ip string, n int) error {
+	for _, side := range []struct{ name, client string }{{"C", "cmtime"}, {"Go", filepath.Join(b.bin, "cmtime")}} {
+		addr := netip.AddrPortFrom(netip.MustParseAddr(ip), uint16(b.nextPort()))
+		a, p := addr.Addr().String(), fmt.Sprint(addr.Port())
+		srv, err := b.startServer(ctx, addr, "cmtime", "-b", a, "-p", p)
+		if err != nil {
+			return err
+		}
+		title := fmt.Sprintf("# %s cmtime client, %d connections on %s, against C cmtime's server", side.name, n, dev)
+		// The server's threads, for telling them from the client's.
+		tids := map[string]bool{}
+		err = b.systemProfile(ctx, fmt.Sprintf("cmtime-%s-%s", dev, strings.ToLower(side.name)), title, "cmtime", tids, func() error {
+			_, err := b.cmtime(ctx, side.client, "-s", a, "-p", p, "-c", fmt.Sprint(n))
+			ents, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", srv.cmd.Process.Pid))
+			for _, e := range ents {
+				tids[e.Name()] = true
+			}
+			return err
+		})
+		srv.stop()
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 func (b *bench) many(ctx context.Context, devs map[string]string) error {
 	const n = 1000
 	b.printf("## %d concurrent connections (rxe)\n\n", n)
@@ -370,6 +406,20 @@ func (b *bench) listProfiles(context.Context, map[string]string) error {
 	b.printf("open one with `go tool pprof -http=: bin/<tool> bench/profiles/<name>.prof`.\n\n")
 	for _, name := range b.profiled {
 		b.printf("- [%s](profiles/%s.txt)\n", name, name)
+	}
+	b.printf("\n## System profiles, C and Go side by side\n\n")
+	b.printf("One extra run per tool under `perf record -a` (all CPUs, %d samples a second): the tool's threads in the kernel and\n", perfHz)
+	b.printf("in user space (its own code and the C libraries), cmtime's C server, the kernel's threads (CM, rxe and siw\n")
+	b.printf("work, softirqs), idle CPUs, and the rest (perf itself). ms of CPU time over the run, both CPUs; for latency\n")
+	b.printf("the tool is both ends. Each name links to perf's report by thread.\n\n")
+	b.printf("| run | tool: kernel | tool: user | C server | kernel threads | idle | rest |\n|---|---:|---:|---:|---:|---:|---:|\n")
+	for _, t := range b.systemProfiled {
+		server := "–"
+		if strings.HasPrefix(t.name, "cmtime") {
+			server = fmt.Sprintf("%.0f", t.server)
+		}
+		b.printf("| [%s](profiles/perf-%s.txt) | %.0f | %.0f | %s | %.0f | %.0f | %.0f |\n", t.name, t.name,
+			t.toolKernel, t.toolUser, server, t.kernelThreads, t.idle, t.elsewhere)
 	}
 	b.printf("\n")
 	return nil
@@ -460,12 +510,36 @@ func (b *bench) latency(ctx context.Context, devs map[string]string) error {
 				"-cpuprofile", b.profile(fmt.Sprintf("pingpong-%s-%dB", dev, size))); err != nil {
 				return err
 			}
+			if dev == "rxe0" && size == 64 {
+				if err := b.latencySystemProfiles(ctx, devs[dev], size, iters); err != nil {
+					return err
+				}
+			}
 			cm, gm := median(c), median(g)
 			b.printf("| %s | %d B | %.1f | %.1f | %.2f | %s |\n", dev, size, cm, gm, gm/cm, verdict(gm/cm <= maxLatencyRatio))
 		}
 	}
 	b.printf("\n")
 	return nil
+}
+
+// latencySystemProfiles runs ib_send_lat and our pingpong (client and
+// server each) once more, not counted, under perf.
+func (b *bench) latencySystemProfiles(ctx context.Context, ip string, size, iters int) error {
+	addr := netip.AddrPortFrom(netip.MustParseAddr(ip), uint16(b.nextPort()))
+	title := fmt.Sprintf("# ib_send_lat -R, %d B, %d round trips on rxe0: server and client", size, iters)
+	if err := b.systemProfile(ctx, fmt.Sprintf("latency-rxe0-%dB-c", size), title, "ib_send_lat", nil, func() error {
+		_, err := b.perftest(ctx, addr, "ib_send_lat", size, iters)
+		return err
+	}); err != nil {
+		return err
+	}
+	addr = netip.AddrPortFrom(addr.Addr(), uint16(b.nextPort()))
+	title = fmt.Sprintf("# examples/pingpong, %d B, %d round trips on rxe0: server and client", size, iters)
+	return b.systemProfile(ctx, fmt.Sprintf("latency-rxe0-%dB-go", size), title, "pingpong", nil, func() error {
+		_, err := b.pingpong(ctx, addr, "-sizes", fmt.Sprint(size), "-n", fmt.Sprint(iters), "-bw-n", "16")
+		return err
+	})
 }
 
 func (b *bench) bandwidth(ctx context.Context, devs map[string]string) error {

@@ -2,10 +2,10 @@
 # Installs the Debian packages the test bed and the cgo build need, if any is
 # missing, and makes sure apt's package lists exist (prepare.sh asks apt which
 # kernel linux-image-amd64 depends on). Safe to run every time: a ready host
-# costs one dpkg-query.
+# costs one dpkg-query. Arguments name more packages (make bench's perf).
 set -euo pipefail
 pkgs="qemu-system-x86 busybox-static kmod cpio xz-utils zstd gcc make util-linux
-	rdma-core ibverbs-providers ibverbs-utils rdmacm-utils perftest librdmacm-dev libibverbs-dev iproute2"
+	rdma-core ibverbs-providers ibverbs-utils rdmacm-utils perftest librdmacm-dev libibverbs-dev iproute2 $*"
 missing=
 for p in $pkgs; do
 	[ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null)" = "install ok installed" ] || missing="$missing $p"
