@@ -310,7 +310,6 @@ func (b *bench) setupRow(step string, cm, gm float64) {
 
 var goProcess = regexp.MustCompile(`go process: (\d+) OS threads created, peak RSS (\d+) kB`)
 
-// many opens 1000 connections at once, C and Go clients of one C server.
 // cmtimeSystemProfiles runs C's client and ours once more each, not
 // counted, under perf, each against a fresh C server.
 func (b *bench) cmtimeSystemProfiles(ctx context.Context, dev, ip string, n int) error {
@@ -340,6 +339,7 @@ func (b *bench) cmtimeSystemProfiles(ctx context.Context, dev, ip string, n int)
 	return nil
 }
 
+// many opens 1000 connections at once, C and Go clients of one C server.
 func (b *bench) many(ctx context.Context, devs map[string]string) error {
 	const n = 1000
 	b.printf("## %d concurrent connections (rxe)\n\n", n)
