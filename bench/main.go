@@ -24,42 +24,42 @@ func main() {
 	out := flag.String("out", "bench/results.md", "where to write the report")
 	rounds := flag.Int("rounds", 3, "rounds per measurement (the median is reported)")
 	flag.Parse()
+	if err := benchmark(*bin, *out, *rounds); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+// benchmark measures, writes the report to out and prints it. The copies of the
+// Go tools go away on every path.
+func benchmark(bin, out string, rounds int) error {
 	// A thousand connections hold two descriptors each (their CQ
 	// channels) on either side; the guest runs us as root, so the hard
 	// limit can be raised too.
 	lim := unix.Rlimit{Cur: 1 << 16, Max: 1 << 16}
 	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &lim); err != nil {
-		fmt.Fprintln(os.Stderr, "bench: raising the descriptor limit:", err)
-		os.Exit(1)
+		return fmt.Errorf("raising the descriptor limit: %w", err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
-	local, err := localCopies(*bin, "cmtime", "pingpong", "rdmacm.bench.test")
+	local, err := localCopies(bin, "cmtime", "pingpong", "rdmacm.bench.test")
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "bench:", err)
-		os.Exit(1)
+		return err
 	}
 	defer os.RemoveAll(local)
-	b := &bench{bin: local, rounds: *rounds, profiles: filepath.Join(filepath.Dir(*out), "profiles")}
+	b := &bench{bin: local, rounds: rounds, profiles: filepath.Join(filepath.Dir(out), "profiles")}
 	if err := os.MkdirAll(b.profiles, 0o755); err != nil {
-		fmt.Fprintln(os.Stderr, "bench:", err)
-		os.Exit(1)
+		return err
 	}
 	report, err := b.run(ctx)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "bench:", err)
-		os.RemoveAll(local)
-		os.Exit(1)
+		return err
 	}
-	if err := os.MkdirAll(filepath.Dir(*out), 0o755); err != nil {
-		fmt.Fprintln(os.Stderr, "bench:", err)
-		os.Exit(1)
-	}
-	if err := os.WriteFile(*out, []byte(report), 0o644); err != nil {
-		fmt.Fprintln(os.Stderr, "bench:", err)
-		os.Exit(1)
+	if err := os.WriteFile(out, []byte(report), 0o644); err != nil {
+		return err
 	}
 	fmt.Print(report)
+	return nil
 }
 
 // localCopies copies the Go tools into a new directory on the guest's

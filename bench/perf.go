@@ -43,24 +43,36 @@ func (b *bench) systemProfile(ctx context.Context, name, title, tool string, ser
 	defer os.Remove(data)
 	// cpu-clock: the emulated CPU has no hardware counters. -g: call
 	// chains, which the summaries fold away but `perf report -i` can show.
-	rec := exec.CommandContext(ctx, "perf", "record", "-q", "-a", "-g", "-F", strconv.Itoa(perfHz), "-e", "cpu-clock", "-o", data)
+	// perf starts with its events off (-D -1) and turns them on when told
+	// over its control pipe, answering once they are on: the file's header
+	// appears seconds before sampling starts under emulation, and a run as
+	// short as siw's cmtime would be lost.
+	ctlR, ctlW, err := os.Pipe()
+	if err != nil {
+		return err
+	}
+	defer ctlR.Close()
+	defer ctlW.Close()
+	ackR, ackW, err := os.Pipe()
+	if err != nil {
+		return err
+	}
+	defer ackR.Close()
+	defer ackW.Close()
+	rec := exec.CommandContext(ctx, "perf", "record", "-q", "-a", "-g", "-F", strconv.Itoa(perfHz), "-e", "cpu-clock",
+		"-D", "-1", "--control", "fd:3,4", "-o", data)
+	rec.ExtraFiles = []*os.File{ctlR, ackW} // fds 3 and 4
 	var recOut strings.Builder
 	rec.Stdout, rec.Stderr = &recOut, &recOut
 	if err := rec.Start(); err != nil {
 		return fmt.Errorf("perf record (install linux-perf; make bench does): %w", err)
 	}
-	// perf writes its header once it samples: wait for it, or samples of
-	// the run's start would be lost.
-	for i := 0; ; i++ {
-		if st, err := os.Stat(data); err == nil && st.Size() > 0 {
-			break
-		}
-		if i == 100 {
-			rec.Process.Kill()
-			rec.Wait()
-			return fmt.Errorf("perf record did not start in 10 s:\n%s", recOut.String())
-		}
-		time.Sleep(100 * time.Millisecond)
+	ctlR.Close()
+	ackW.Close()
+	if err := perfEnable(ctlW, ackR); err != nil {
+		rec.Process.Kill()
+		rec.Wait()
+		return fmt.Errorf("perf record: %w\n%s", err, recOut.String())
 	}
 	ferr := f()
 	rec.Process.Signal(os.Interrupt)
@@ -75,30 +87,41 @@ func (b *bench) systemProfile(ctx context.Context, name, title, tool string, ser
 	if serverTIDs != nil {
 		fmt.Fprintf(&txt, "The C server's threads: %s; the other %s threads are the client's.\n", strings.Join(slices.Sorted(maps.Keys(serverTIDs)), ", "), tool)
 	}
-	for _, v := range []struct{ what, sort string }{
-		{"Samples by thread and object (swapper is an idle CPU)", "pid,dso"},
-		{"Samples by thread and function, the top ones", "pid,sym"},
+	// One report by thread and object serves both the text (its top
+	// rows) and the split of the CPU time (all rows).
+	byObject, err := perfReport(ctx, data, "pid,dso")
+	if err != nil {
+		return err
+	}
+	bySymbol, err := perfReport(ctx, data, "pid,sym")
+	if err != nil {
+		return err
+	}
+	for _, v := range []struct{ what, report string }{
+		{"Samples by thread and object (swapper is an idle CPU)", byObject},
+		{"Samples by thread and function, the top ones", bySymbol},
 	} {
-		out, err := exec.CommandContext(ctx, "perf", "report", "-q", "-n", "-i", data, "--no-children", "-g", "none",
-			"--sort", v.sort, "--percent-limit", "0.5").CombinedOutput()
-		if err != nil {
-			return fmt.Errorf("perf report: %w\n%s", err, out)
-		}
-		lines := strings.Split(strings.TrimRight(string(out), "\n"), "\n")
+		lines := strings.Split(strings.TrimRight(v.report, "\n"), "\n")
 		fmt.Fprintf(&txt, "\n## %s\n\n%s\n", v.what, strings.Join(lines[:min(len(lines), 40)], "\n"))
 	}
-	out, err := exec.CommandContext(ctx, "perf", "report", "-q", "-n", "-i", data, "--no-children", "-g", "none",
-		"--sort", "pid,dso").CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("perf report: %w\n%s", err, out)
-	}
-	t, err := splitCPUTime(string(out), tool, serverTIDs)
+	t, err := splitCPUTime(byObject, tool, serverTIDs)
 	if err != nil {
 		return fmt.Errorf("perf report of %s: %w", name, err)
 	}
 	t.name = name
 	b.systemProfiled = append(b.systemProfiled, t)
 	return os.WriteFile(filepath.Join(b.profiles, "perf-"+name+".txt"), []byte(txt.String()), 0o644)
+}
+
+// perfReport is perf's report of data sorted by keys, with sample counts,
+// rows in descending order.
+func perfReport(ctx context.Context, data, keys string) (string, error) {
+	out, err := exec.CommandContext(ctx, "perf", "report", "-q", "-n", "-i", data, "--no-children", "-g", "none",
+		"--sort", keys).CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("perf report: %w\n%s", err, out)
+	}
+	return string(out), nil
 }
 
 // A line of `perf report -q -n --sort pid,dso`: share, samples, tid:command, object.
@@ -143,6 +166,23 @@ func splitCPUTime(report, tool string, serverTIDs map[string]bool) (cpuTime, err
 }
 
 const perfHz = 999
+
+// perfEnable turns perf's events on and waits, up to 30 s, for its answer.
+func perfEnable(ctl, ack *os.File) error {
+	if _, err := ctl.WriteString("enable\n"); err != nil {
+		return fmt.Errorf("enabling the events: %w", err)
+	}
+	ack.SetReadDeadline(time.Now().Add(30 * time.Second))
+	buf := make([]byte, 16)
+	n, err := ack.Read(buf)
+	if err != nil {
+		return fmt.Errorf("no answer to enabling the events: %w", err)
+	}
+	if got := strings.TrimRight(string(buf[:n]), "\x00\n"); got != "ack" {
+		return fmt.Errorf("perf answered %q to enabling the events", got)
+	}
+	return nil
+}
 
 // interrupted tells whether perf ended by the interrupt that stops it.
 func interrupted(err error) bool {

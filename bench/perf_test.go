@@ -8,7 +8,7 @@ import (
 )
 
 // A report as perf 6.1 prints it with -q -n --sort pid,dso.
-const perfReport = `
+const sampleReport = `
     30.93%           999        0:swapper          [kernel.kallsyms]
      9.28%           300      245:cmtime           [kernel.kallsyms]
      2.97%           100      245:cmtime           cmtime
@@ -23,7 +23,7 @@ const perfReport = `
 `
 
 func TestSplitCPUTime(t *testing.T) {
-	got, err := splitCPUTime(perfReport, "cmtime", map[string]bool{"242": true})
+	got, err := splitCPUTime(sampleReport, "cmtime", map[string]bool{"242": true})
 	require.NoError(t, err)
 	ms := func(samples float64) float64 { return samples * 1000 / perfHz }
 	assert.InDelta(t, ms(300), got.toolKernel, 1e-9)
@@ -34,7 +34,7 @@ func TestSplitCPUTime(t *testing.T) {
 	assert.InDelta(t, ms(9), got.elsewhere, 1e-9)
 
 	// Without a server every thread of the command is the tool's.
-	got, err = splitCPUTime(perfReport, "cmtime", nil)
+	got, err = splitCPUTime(sampleReport, "cmtime", nil)
 	require.NoError(t, err)
 	assert.InDelta(t, ms(340), got.toolKernel, 1e-9)
 	assert.InDelta(t, ms(170), got.toolUser, 1e-9)
