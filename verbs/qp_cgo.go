@@ -221,6 +221,8 @@ type CQ struct {
 	wc      *C.struct_ibv_wc // poll scratch, C memory
 	wcCap   int
 	unacked C.uint
+
+	yield yielder // Poll yields through it
 }
 
 // CreateCQ creates a completion queue of at least entries entries.
@@ -243,10 +245,15 @@ func (d *Device) CreateCQ(entries int) (*CQ, error) {
 
 // Poll moves up to len(wcs) completions into wcs, crossing into C once, and
 // returns how many there were (0 when the queue is empty).
+//
+// A goroutine that busy-polls passes through the Go scheduler once a
+// millisecond from inside Poll (see yieldEvery), so that it never needs
+// the runtime's forced preemption.
 func (c *CQ) Poll(wcs []WorkCompletion) (int, error) {
 	if len(wcs) == 0 {
 		return 0, nil
 	}
+	c.yield.maybeYield()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.cq == nil {
