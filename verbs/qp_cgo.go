@@ -246,8 +246,8 @@ func (d *Device) CreateCQ(entries int) (*CQ, error) {
 // Poll moves up to len(wcs) completions into wcs, crossing into C once, and
 // returns how many there were (0 when the queue is empty).
 //
-// A goroutine that busy-polls passes through the Go scheduler once a
-// millisecond from inside Poll (see yieldEvery), so that it never needs
+// A goroutine that busy-polls passes through the Go scheduler every few
+// milliseconds from inside Poll (see yieldEvery), so that it never needs
 // the runtime's forced preemption.
 func (c *CQ) Poll(wcs []WorkCompletion) (int, error) {
 	if len(wcs) == 0 {
