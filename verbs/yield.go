@@ -14,7 +14,7 @@ import (
 // C, where the preemption cannot land, so the runtime takes its P instead,
 // and every take sets the runtime's monitor thread waking every 20 µs again
 // for about a millisecond. In the test bed a loop of round trips made 5-8
-// times the thread switches with that than with a yield, and 15-90 % fewer
+// times the thread switches with that than with a yield, and 15-50 % fewer
 // round trips. A goroutine that yields more often than every 10 ms is never
 // forcibly preempted, and the monitor backs off to sleeping 10 ms at a time.
 // A yield may move the goroutine to another thread, so it should not come
