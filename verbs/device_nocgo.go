@@ -42,6 +42,9 @@ type (
 // Device returns nil without cgo.
 func (p *PD) Device() *Device { return nil }
 
+// Device returns nil without cgo.
+func (c *CQ) Device() *Device { return nil }
+
 // AllocPD returns ErrNoCgo without cgo.
 func (d *Device) AllocPD() (*PD, error) { return nil, ErrNoCgo }
 

@@ -225,6 +225,9 @@ type CQ struct {
 	yield yielder // Poll yields through it
 }
 
+// Device is the device the CQ was created on.
+func (c *CQ) Device() *Device { return c.dev }
+
 // CreateCQ creates a completion queue of at least entries entries.
 func (d *Device) CreateCQ(entries int) (*CQ, error) {
 	ctx, err := d.context()
