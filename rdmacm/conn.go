@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -271,6 +272,9 @@ func (c *Conn) PostRecv(mr *verbs.MR, off, n int) error {
 
 // Recv waits for the next receive completion.
 func (c *Conn) Recv(ctx context.Context) (verbs.WorkCompletion, error) {
+	if c.opts.RecvCQ != nil {
+		return verbs.WorkCompletion{}, c.sharedCQError("receive", "RecvCQ")
+	}
 	c.recvMu.Lock()
 	defer c.recvMu.Unlock()
 	var wc [1]verbs.WorkCompletion
@@ -337,6 +341,9 @@ func (c *Conn) ReplyTo(wc verbs.WorkCompletion, mr *verbs.MR, off int) (UDPeer, 
 // post posts one signaled work request and waits for its completion. The
 // helpers own the send CQ: completions of other work requests are dropped.
 func (c *Conn) post(ctx context.Context, op string, wr verbs.SendWR) error {
+	if c.opts.SendCQ != nil {
+		return c.sharedCQError(op, "SendCQ")
+	}
 	c.sendMu.Lock()
 	defer c.sendMu.Unlock()
 	wr.ID = c.wrID.Add(1)
@@ -360,6 +367,16 @@ func (c *Conn) post(ctx context.Context, op string, wr verbs.SendWR) error {
 			return nil
 		}
 	}
+}
+
+// sharedCQError refuses a helper that would wait on a CQ the connection
+// shares (Options.SendCQ or RecvCQ): it could take, and drop, another
+// connection's completions.
+func (c *Conn) sharedCQError(op, field string) error {
+	oe := c.opError(op, ErrSharedCQ, fmt.Errorf("its %s CQ is Options.%s, which other connections may share",
+		strings.ToLower(strings.TrimSuffix(field, "CQ")), field))
+	oe.Hint = fmt.Sprintf("post with c.QP and poll Options.%s yourself; completions name their QP (WorkCompletion.QPN, here %#x)", field, c.QP.QPN)
+	return oe
 }
 
 // CompletionError is a work request that completed with an error status.
@@ -402,6 +419,9 @@ type resources struct {
 	qp       *verbs.QP
 	ahs      []*verbs.AH
 	mrs      []*verbs.MR // RegisterMemory's, released after the QP and before the PD
+
+	// Options.SendCQ, RecvCQ: scq, rcq are the caller's, left open
+	sharedSCQ, sharedRCQ bool
 }
 
 func (r *resources) close() error {
@@ -415,10 +435,11 @@ func (r *resources) close() error {
 	for _, mr := range r.mrs {
 		errs = append(errs, mr.Close())
 	}
-	for _, cq := range []*verbs.CQ{r.scq, r.rcq} {
-		if cq != nil {
-			errs = append(errs, cq.Close())
-		}
+	if r.scq != nil && !r.sharedSCQ {
+		errs = append(errs, r.scq.Close())
+	}
+	if r.rcq != nil && !r.sharedRCQ {
+		errs = append(errs, r.rcq.Close())
 	}
 	if r.pd != nil && !r.sharedPD {
 		errs = append(errs, r.pd.Close())
@@ -428,6 +449,27 @@ func (r *resources) close() error {
 	}
 	*r = resources{}
 	return errors.Join(errs...)
+}
+
+// makeCQs takes the CQs o lends and creates the others on dev, sized by
+// o.CQEntries or the QP's capacity.
+func (r *resources) makeCQs(o *Options, dev *verbs.Device) error {
+	sn, rn := int(o.Cap.MaxSendWR), int(o.Cap.MaxRecvWR)
+	if o.CQEntries > 0 {
+		sn, rn = o.CQEntries, o.CQEntries
+	}
+	var err error
+	if o.SendCQ != nil {
+		r.scq, r.sharedSCQ = o.SendCQ, true
+	} else if r.scq, err = dev.CreateCQ(sn); err != nil {
+		return err
+	}
+	if o.RecvCQ != nil {
+		r.rcq, r.sharedRCQ = o.RecvCQ, true
+	} else if r.rcq, err = dev.CreateCQ(rn); err != nil {
+		return err
+	}
+	return nil
 }
 
 // deviceAttrs caches each device's capabilities, which do not change.

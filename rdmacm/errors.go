@@ -29,6 +29,9 @@ var (
 	ErrPrivateDataTooLong = errors.New("private data too long")
 	// ErrManualOnIWARP: the manual mode cannot work on iWARP devices.
 	ErrManualOnIWARP = errors.New("manual QP transitions are not possible on iWARP")
+	// ErrSharedCQ: a Conn helper that waits for its own completions was
+	// called on a connection whose CQ is Options.SendCQ or RecvCQ.
+	ErrSharedCQ = errors.New("the connection's CQ is shared")
 	// ErrClosed: the Conn or Listener was closed.
 	ErrClosed = errors.New("use of closed RDMA connection or listener")
 	// ErrNoCgo: the binary was built without cgo, so librdmacm is unavailable.

@@ -46,7 +46,8 @@ type Options struct {
 	QPType verbs.QPType
 	// Cap sizes the QP; zero fields take defaults (16 WRs, 1 SGE each way).
 	Cap verbs.QPCap
-	// CQEntries sizes each CQ; default MaxSendWR and MaxRecvWR.
+	// CQEntries sizes each of the connection's own CQs; default MaxSendWR
+	// and MaxRecvWR.
 	CQEntries int
 	// PD, if set, is the protection domain for the connection's QP and for
 	// the memory Conn.RegisterMemory registers, instead of one of its own:
@@ -58,6 +59,19 @@ type Options struct {
 	// caller owns it: closing a connection leaves it, and the caller closes
 	// it after the last connection and MR using it.
 	PD *verbs.PD
+	// SendCQ and RecvCQ, if set, are completion queues for the
+	// connection's QP instead of two of its own: one CQ can serve many
+	// connections, each completion naming its QP (WorkCompletion.QPN), and
+	// the same CQ may be both. Size them for every work request that can
+	// be outstanding on all the QPs together: an overrun CQ ends them all
+	// (an async CQ error). Like PD they must be created on librdmacm's
+	// context for the device (see OpenDevice), the caller owns them, and
+	// closes them after the last connection using them. Conn's Send,
+	// Write, Read, SendTo and Recv wait on the connection's own CQs and
+	// refuse to run on a shared one, whose completions may be another
+	// connection's: poll it yourself.
+	SendCQ *verbs.CQ
+	RecvCQ *verbs.CQ
 
 	Mode Mode
 	// BeforeModify (ModeManual) sees each transition's attributes before the

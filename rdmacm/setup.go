@@ -200,24 +200,19 @@ func (e *endpoint) prepare() error {
 			return e.fail("query port", nil, err)
 		}
 	}
-	if o.PD != nil {
-		if why, hint := pdMismatch(o.PD, dev.Info.Name, dev.CPointer()); why != "" {
-			oe := e.fail("use Options.PD", nil, errors.New(why))
+	for _, s := range o.shared() {
+		if why, hint := s.mismatch(dev.Info.Name, dev.CPointer()); why != "" {
+			oe := e.fail("use Options."+s.field, nil, errors.New(why))
 			oe.Hint = hint
 			return oe
 		}
+	}
+	if o.PD != nil {
 		e.res.pd, e.res.sharedPD = o.PD, true
 	} else if e.res.pd, err = dev.AllocPD(); err != nil {
 		return e.fail("allocate PD", nil, err)
 	}
-	sn, rn := int(o.Cap.MaxSendWR), int(o.Cap.MaxRecvWR)
-	if o.CQEntries > 0 {
-		sn, rn = o.CQEntries, o.CQEntries
-	}
-	if e.res.scq, err = dev.CreateCQ(sn); err != nil {
-		return e.resourceError("create CQ", err)
-	}
-	if e.res.rcq, err = dev.CreateCQ(rn); err != nil {
+	if err := e.res.makeCQs(o, dev); err != nil {
 		return e.resourceError("create CQ", err)
 	}
 	if o.Mode == ModeCM {
@@ -246,23 +241,55 @@ func (e *endpoint) prepare() error {
 	return nil
 }
 
-// pdMismatch says why pd cannot serve a connection through device dev, and
-// what to do; it says nothing if pd can. ctx, unless nil, is the device
-// context the QP will be created on, which must be pd's own.
-func pdMismatch(pd *verbs.PD, dev string, ctx unsafe.Pointer) (why, hint string) {
-	switch d := pd.Device(); {
-	case pd.CPointer() == nil || d == nil:
-		return "Options.PD is closed", "close the PD only after the last connection and MR using it"
+// sharedObject is a verbs object the caller lends the connection
+// (Options.PD, SendCQ, RecvCQ).
+type sharedObject struct {
+	field  string // the Options field
+	noun   string // "PD", "CQ"
+	made   string // "allocated", "created"
+	users  string // what must be closed before it
+	closed bool
+	owner  *verbs.Device
+}
+
+// shared lists the objects o lends.
+func (o *Options) shared() []sharedObject {
+	var s []sharedObject
+	if o.PD != nil {
+		s = append(s, sharedObject{"PD", "PD", "allocated", "connection and MR", o.PD.CPointer() == nil, o.PD.Device()})
+	}
+	for _, cq := range []struct {
+		field string
+		cq    *verbs.CQ
+	}{{"SendCQ", o.SendCQ}, {"RecvCQ", o.RecvCQ}} {
+		if cq.cq != nil {
+			s = append(s, sharedObject{cq.field, "CQ", "created", "connection", cq.cq.CPointer() == nil, cq.cq.Device()})
+		}
+	}
+	return s
+}
+
+// mismatch says why the object cannot serve a connection through device
+// dev, and what to do; it says nothing if it can. ctx, unless nil, is the
+// device context the QP will be created on, which must be the object's own.
+func (s sharedObject) mismatch(dev string, ctx unsafe.Pointer) (why, hint string) {
+	switch d := s.owner; {
+	case s.closed || d == nil:
+		return fmt.Sprintf("Options.%s is closed", s.field),
+			fmt.Sprintf("close the %s only after the last %s using it", s.noun, s.users)
 	case d.Info.Name != dev:
-		return fmt.Sprintf("Options.PD belongs to %s, but the connection goes through %s", d.Info.Name, dev),
-			fmt.Sprintf("use a PD per device, this one allocated on rdmacm.OpenDevice(%q)", dev)
+		return fmt.Sprintf("Options.%s belongs to %s, but the connection goes through %s", s.field, d.Info.Name, dev),
+			fmt.Sprintf("use a %s per device, this one %s on rdmacm.OpenDevice(%q)", s.noun, s.made, dev)
 	case ctx != nil && d.CPointer() != ctx:
-		return fmt.Sprintf("Options.PD was allocated on a context of %s other than librdmacm's", dev),
+		return fmt.Sprintf("Options.%s was %s on a context of %s other than librdmacm's", s.field, s.made, dev),
 			fmt.Sprintf("librdmacm creates the QP on its own context (a context from verbs.Open is another one): "+
-				"allocate the PD on rdmacm.OpenDevice(%q)", dev)
+				"%s the %s on rdmacm.OpenDevice(%q)", verb(s.made), s.noun, dev)
 	}
 	return "", ""
 }
+
+// verb turns "allocated" into "allocate".
+func verb(made string) string { return strings.TrimSuffix(made, "d") }
 
 // resourceError explains a failed CQ or QP creation where the cause is known.
 func (e *endpoint) resourceError(step string, err error) error {

@@ -98,13 +98,28 @@ func connectOverTCP(ctx context.Context, tcp net.Conn, o *Options, path *resolve
 		return &OpError{Op: "connect over TCP: " + step, Local: local, Remote: remote, Device: path.Device, Port: path.Port, Err: err}
 	}
 	var err error
-	if o.PD != nil {
-		// Our own QP: any context of the device will do.
-		if why, hint := pdMismatch(o.PD, path.Device, nil); why != "" {
-			oe := where("use Options.PD", errors.New(why))
+	// Our own QP: any context of the device will do, as long as the PD and
+	// the CQs share it.
+	for _, s := range o.shared() {
+		if why, hint := s.mismatch(path.Device, nil); why != "" {
+			oe := where("use Options."+s.field, errors.New(why))
 			oe.Hint = hint
 			return nil, nil, oe
 		}
+	}
+	if (o.SendCQ != nil || o.RecvCQ != nil) && o.PD == nil {
+		oe := where("use Options.SendCQ and RecvCQ", errors.New("shared CQs need Options.PD: the QP, its PD and its CQs must share one device context"))
+		oe.Hint = "allocate the PD on the CQs' device (their Device method) and set Options.PD"
+		return nil, nil, oe
+	}
+	for _, s := range o.shared() {
+		if o.PD != nil && s.owner.CPointer() != o.PD.Device().CPointer() {
+			oe := where("use Options."+s.field, fmt.Errorf("the CQ in Options.%s and the PD in Options.PD were made on different contexts of %s", s.field, path.Device))
+			oe.Hint = "create the CQs on the PD's device (PD.Device)"
+			return nil, nil, oe
+		}
+	}
+	if o.PD != nil {
 		res.dev, res.pd, res.sharedPD = o.PD.Device(), o.PD, true
 	} else if res.dev, err = verbs.Open(path.Device); err != nil {
 		return nil, nil, where("open device", err)
@@ -118,10 +133,7 @@ func connectOverTCP(ctx context.Context, tcp net.Conn, o *Options, path *resolve
 			return nil, nil, where("allocate PD", err)
 		}
 	}
-	if res.scq, err = res.dev.CreateCQ(int(o.Cap.MaxSendWR)); err != nil {
-		return nil, nil, where("create CQ", err)
-	}
-	if res.rcq, err = res.dev.CreateCQ(int(o.Cap.MaxRecvWR)); err != nil {
+	if err := res.makeCQs(o, res.dev); err != nil {
 		return nil, nil, where("create CQ", err)
 	}
 	if res.qp, err = res.pd.CreateQP(verbs.QPInit{Type: verbs.QPTypeRC, SendCQ: res.scq, RecvCQ: res.rcq, Cap: o.Cap}); err != nil {

@@ -1,0 +1,216 @@
+//go:build integration
+
+package rdmacm_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/rdmago/rdmago/rdmacm"
+	"github.com/rdmago/rdmago/verbs"
+)
+
+// ownCQ creates a CQ on librdmacm's context for the device, closed when the
+// test ends: after its connections, which close in later-registered cleanups.
+func ownCQ(t *testing.T, device string, entries int) *verbs.CQ {
+	t.Helper()
+	dev, err := rdmacm.OpenDevice(device)
+	require.NoError(t, err)
+	cq, err := dev.CreateCQ(entries)
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, cq.Close(), "the CQ outlives its connections, which leave it open") })
+	return cq
+}
+
+// pollN polls cq until n completions have arrived, or fails the test.
+func pollN(t *testing.T, ctx context.Context, cq *verbs.CQ, n int) []verbs.WorkCompletion {
+	t.Helper()
+	var got []verbs.WorkCompletion
+	wcs := make([]verbs.WorkCompletion, 8)
+	for len(got) < n {
+		k, err := cq.PollWait(ctx, wcs)
+		require.NoError(t, err, "%d of %d completions", len(got), n)
+		got = append(got, wcs[:k]...)
+	}
+	return got
+}
+
+// One CQ serves every QP of two connections, both ends of each: each
+// completion lands there naming its QP, closing a connection leaves the CQ
+// to the others, and the helpers that would take another connection's
+// completions refuse, saying what to do instead.
+func TestSharedCQ(t *testing.T) {
+	forEachDevice(t, func(t *testing.T, d device) {
+		checkNoLeaks(t)
+		cq := ownCQ(t, d.name, 64)
+		pd := ownPD(t, d.name)
+		opts := &rdmacm.Options{PD: pd, SendCQ: cq, RecvCQ: cq}
+		c1, s1 := pair(t, d, opts)
+		c2, s2 := pair(t, d, opts)
+		for _, c := range []*rdmacm.Conn{c1, s1, c2, s2} {
+			assert.Same(t, cq, c.SendCQ)
+			assert.Same(t, cq, c.RecvCQ)
+		}
+
+		ctx := ctxFor(t, 20*time.Second)
+		mr, err := pd.RegisterMemory(4096, access)
+		require.NoError(t, err)
+		defer func() { assert.NoError(t, mr.Close()) }()
+
+		// Each client sends a message of its own length; the four
+		// completions are told apart by QP number alone.
+		exchangeOn := func(pairs ...[2]*rdmacm.Conn) {
+			t.Helper()
+			want := map[uint32]verbs.WorkCompletion{}
+			for i, p := range pairs {
+				client, server := p[0], p[1]
+				n := 16 * (i + 1)
+				require.NoError(t, server.QP.PostRecv(verbs.RecvWR{ID: uint64(100 + i), SGEs: []verbs.SGE{mr.SGE(1024*(i+1), 64)}}))
+				require.NoError(t, client.QP.PostSend(verbs.SendWR{ID: uint64(200 + i), Opcode: verbs.OpSend,
+					Flags: verbs.SendSignaled, SGEs: []verbs.SGE{mr.SGE(0, n)}}))
+				want[server.QP.QPN] = verbs.WorkCompletion{ID: uint64(100 + i), Opcode: verbs.WCRecv, ByteLen: uint32(n)}
+				want[client.QP.QPN] = verbs.WorkCompletion{ID: uint64(200 + i), Opcode: verbs.WCSend}
+			}
+			for _, wc := range pollN(t, ctx, cq, 2*len(pairs)) {
+				require.Equal(t, verbs.WCSuccess, wc.Status, "QP %#x", wc.QPN)
+				w, ok := want[wc.QPN]
+				require.True(t, ok, "a completion of QP %#x, which is none of these connections'", wc.QPN)
+				delete(want, wc.QPN)
+				assert.Equal(t, w.ID, wc.ID, "QP %#x", wc.QPN)
+				assert.Equal(t, w.Opcode, wc.Opcode, "QP %#x", wc.QPN)
+				if w.Opcode == verbs.WCRecv {
+					assert.Equal(t, w.ByteLen, wc.ByteLen, "QP %#x", wc.QPN)
+				}
+			}
+			assert.Empty(t, want, "QPs without their completion")
+		}
+		exchangeOn([2]*rdmacm.Conn{c1, s1}, [2]*rdmacm.Conn{c2, s2})
+
+		// The helpers refuse, before posting anything.
+		for _, err := range []error{c1.Send(ctx, mr, 0, 8), c1.Write(ctx, mr, 0, 8, rdmacm.RemoteBufferOf(mr, 0, 8))} {
+			require.ErrorIs(t, err, rdmacm.ErrSharedCQ)
+			var oe *rdmacm.OpError
+			require.ErrorAs(t, err, &oe)
+			assert.Equal(t, c1.QP.QPN, oe.QPN)
+			assert.Contains(t, oe.Error(), "Options.SendCQ")
+			assert.Contains(t, oe.Hint, "WorkCompletion.QPN")
+		}
+		_, err = s1.Recv(ctx)
+		require.ErrorIs(t, err, rdmacm.ErrSharedCQ)
+		assert.Contains(t, err.Error(), "Options.RecvCQ")
+
+		// Closing one connection, both ends, leaves the CQ to the other.
+		require.NoError(t, c1.Close())
+		require.NoError(t, s1.Close())
+		exchangeOn([2]*rdmacm.Conn{c2, s2})
+	})
+}
+
+// A CQ that cannot serve the connection's QP is refused before any QP
+// exists, naming the field and what to do.
+func TestSharedCQRefused(t *testing.T) {
+	r, s := rxe(t), siw(t)
+	checkNoLeaks(t)
+	ctx := ctxFor(t, 20*time.Second)
+
+	vdev, err := verbs.Open(r.name)
+	require.NoError(t, err)
+	t.Cleanup(func() { vdev.Close() })
+	otherContext, err := vdev.CreateCQ(4)
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, otherContext.Close()) })
+	rdev, err := rdmacm.OpenDevice(r.name)
+	require.NoError(t, err)
+	closed, err := rdev.CreateCQ(4)
+	require.NoError(t, err)
+	require.NoError(t, closed.Close())
+
+	for _, tc := range []struct {
+		name       string
+		opts       *rdmacm.Options
+		field      string
+		want, hint string
+	}{
+		{"context of verbs.Open", &rdmacm.Options{SendCQ: otherContext}, "SendCQ",
+			"created on a context of rxe0 other than librdmacm's", `create the CQ on rdmacm.OpenDevice("rxe0")`},
+		{"another device", &rdmacm.Options{RecvCQ: ownCQ(t, s.name, 4)}, "RecvCQ",
+			"belongs to siw0, but the connection goes through rxe0", `rdmacm.OpenDevice("rxe0")`},
+		{"closed", &rdmacm.Options{RecvCQ: closed}, "RecvCQ", "Options.RecvCQ is closed", "after the last connection"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			check := func(err error) {
+				t.Helper()
+				var oe *rdmacm.OpError
+				require.ErrorAs(t, err, &oe)
+				assert.Equal(t, "use Options."+tc.field, oe.Op)
+				assert.Equal(t, "rxe0", oe.Device)
+				assert.Contains(t, oe.Error(), tc.want)
+				assert.Contains(t, oe.Hint, tc.hint)
+			}
+			_, err := rdmacm.Dial(ctx, r.at(port()), tc.opts)
+			check(err)
+
+			// The listener refuses the request, and the dialer hears so.
+			l, addr := listen(t, r, tc.opts)
+			accepted := make(chan error, 1)
+			go func() {
+				_, err := l.Accept(ctx)
+				accepted <- err
+			}()
+			_, err = rdmacm.Dial(ctx, addr, nil)
+			assert.ErrorIs(t, err, rdmacm.ErrRejected)
+			check(<-accepted)
+		})
+	}
+}
+
+// ConnectOverTCP creates the QP itself on the PD's context, so shared CQs
+// need Options.PD, made on the same context.
+func TestConnectOverTCPWithSharedCQ(t *testing.T) {
+	checkNoLeaks(t)
+	d := rxe(t)
+	dev, err := verbs.Open(d.name)
+	require.NoError(t, err)
+	t.Cleanup(func() { dev.Close() })
+	cq, err := dev.CreateCQ(16)
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, cq.Close(), "the CQ outlives its connections") })
+
+	refused := func(opts *rdmacm.Options, want string) {
+		t.Helper()
+		a, b := tcpPair(t, d)
+		defer a.Close() // a failed ConnectOverTCP leaves the socket to its caller
+		defer b.Close()
+		_, err := rdmacm.ConnectOverTCP(ctxFor(t, 20*time.Second), a, opts)
+		var oe *rdmacm.OpError
+		require.ErrorAs(t, err, &oe)
+		assert.Contains(t, oe.Error(), want)
+		assert.NotEmpty(t, oe.Hint)
+	}
+	refused(&rdmacm.Options{SendCQ: cq}, "shared CQs need Options.PD")
+	refused(&rdmacm.Options{RecvCQ: cq, PD: ownPD(t, d.name)}, "the CQ in Options.RecvCQ and the PD in Options.PD were made on different contexts of rxe0")
+
+	pd, err := dev.AllocPD()
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, pd.Close()) })
+	client, server := overTCP(t, d, &rdmacm.Options{PD: pd, RecvCQ: cq})
+	assert.Same(t, cq, client.RecvCQ)
+	assert.Same(t, cq, server.RecvCQ)
+	assert.NotSame(t, cq, client.SendCQ, "the send CQ is the connection's own")
+
+	ctx := ctxFor(t, 20*time.Second)
+	mr, err := pd.RegisterMemory(4096, access)
+	require.NoError(t, err)
+	defer func() { assert.NoError(t, mr.Close()) }()
+	require.NoError(t, server.PostRecv(mr, 1024, 64))
+	require.NoError(t, client.Send(ctx, mr, 0, 40), "the send CQ is not shared: Send works")
+	wc := pollN(t, ctx, cq, 1)[0]
+	assert.Equal(t, server.QP.QPN, wc.QPN)
+	assert.Equal(t, uint32(40), wc.ByteLen)
+	require.NoError(t, client.Close())
+	require.NoError(t, server.Close())
+}
