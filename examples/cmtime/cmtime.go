@@ -158,7 +158,7 @@ type result struct {
 	phases  []phase
 	within  []rdmacm.Step // steps that run inside another's phase
 	err     error         // the first failure, if any
-	pdErr   error         // closing the shared PD
+	pdErr   error         // closing the shared CQs and PD
 	failed  int
 	threads int
 	peakRSS string
@@ -186,6 +186,11 @@ func connectAll(ctx context.Context, c config) (*result, error) {
 	if err != nil {
 		return nil, err
 	}
+	cqs, err := newSharedCQs(pd, options(c).Cap)
+	if err != nil {
+		pd.Close()
+		return nil, err
+	}
 	r := &result{conns: c.conns, nodes: make([]*node, c.conns)}
 	if c.manual {
 		// The modifies and the RTU follow each reply, inside Connect.
@@ -197,6 +202,7 @@ func connectAll(ctx context.Context, c config) (*result, error) {
 		o := n.o
 		o.Source = src
 		o.PD = pd
+		o.SendCQ, o.RecvCQ = cqs.send, cqs.recv
 		// As in C cmtime, -t bounds address and route resolution; the
 		// connect waits as long as the CM itself keeps trying, which a
 		// server working through a thousand requests needs.
@@ -221,6 +227,7 @@ func connectAll(ctx context.Context, c config) (*result, error) {
 	r.run(rdmacm.StepResolveAddr, true, func(n *node) error { return n.c.ResolveAddr(ctx) })
 	r.run(rdmacm.StepResolveRoute, true, func(n *node) error { return n.c.ResolveRoute(ctx) })
 	r.run(rdmacm.StepCreateQP, false, func(n *node) error { return n.c.CreateQP() })
+	cqs.charge(r)
 	r.run(rdmacm.StepConnect, true, func(n *node) (err error) {
 		n.conn, err = n.c.Connect(ctx)
 		return err
@@ -231,10 +238,10 @@ func connectAll(ctx context.Context, c config) (*result, error) {
 	r.run(-1, false, func(n *node) error { return n.conn.Close() })
 	r.within = append(r.within, rdmacm.StepDestroyQP, rdmacm.StepDestroyID)
 	// Every connection is closed by now, unless an interrupted iWARP dial
-	// still releases its QP in the background: then the PD is busy, and
-	// that is reported rather than left behind unsaid.
-	if err := pd.Close(); err != nil {
-		r.pdErr = fmt.Errorf("closing the shared PD: %w", err)
+	// still releases its QP in the background: then the CQs and the PD are
+	// busy, and that is reported rather than left behind unsaid.
+	if err := errors.Join(cqs.close(), pd.Close()); err != nil {
+		r.pdErr = fmt.Errorf("closing the shared CQs and PD: %w", err)
 	}
 	r.threads = pprof.Lookup("threadcreate").Count()
 	r.peakRSS = procStatus("VmHWM")
@@ -289,6 +296,50 @@ func (r *result) run(s rdmacm.Step, concurrent bool, f func(*node) error) {
 		r.phases = append(r.phases, phase{s, time.Since(start)})
 	}
 }
+
+// sharedCQs are the send and receive CQ that all connections share, as
+// the C tool's do: its first rdma_create_qp makes a pair of CQs and, as
+// librdmacm does, writes them back into the attributes the tool passes
+// again for every other connection, which then reuses them. Ours are made
+// before the clock starts (Options are fixed when a Connector is made), and
+// the time that took is charged to the create qp step, where C pays it.
+type sharedCQs struct {
+	send, recv *verbs.CQ
+	took       time.Duration
+}
+
+func newSharedCQs(pd *verbs.PD, cp verbs.QPCap) (*sharedCQs, error) {
+	dev := pd.Device()
+	start := time.Now()
+	send, err := dev.CreateCQ(int(cp.MaxSendWR))
+	if err != nil {
+		return nil, err
+	}
+	recv, err := dev.CreateCQ(int(cp.MaxRecvWR))
+	if err != nil {
+		send.Close()
+		return nil, err
+	}
+	return &sharedCQs{send: send, recv: recv, took: time.Since(start)}, nil
+}
+
+// charge adds the CQs' creation to the create qp step: to its wall time
+// and to the first connection's own time, as in C.
+func (q *sharedCQs) charge(r *result) {
+	for i := range r.phases {
+		if r.phases[i].step == rdmacm.StepCreateQP {
+			r.phases[i].wall += q.took
+		}
+	}
+	for _, n := range r.nodes {
+		if _, ok := n.d[rdmacm.StepCreateQP]; ok {
+			n.d[rdmacm.StepCreateQP] += q.took
+			return
+		}
+	}
+}
+
+func (q *sharedCQs) close() error { return errors.Join(q.send.Close(), q.recv.Close()) }
 
 // devicePD allocates the PD that all connections share. The C tool's QPs
 // share librdmacm's PD of the device, allocated once, with the first id
