@@ -298,7 +298,8 @@ func (e *endpoint) resourceError(step string, err error) error {
 	case e.iwarp && errors.Is(err, syscall.EIO) && strings.HasPrefix(e.res.dev.Info.Name, "siw"):
 		oe.Hint = "siw: this process's device context has used up its queue mappings: rdma-core 44's libsiw " +
 			"takes the kernel's mmap offset 0x90000 for SIW_INVAL_UOBJ_KEY, so about 143 pages of CQs and " +
-			"QP queues (some 35 connection ends with two CQs each) fit in one process"
+			"QP queues fit in one process: some 35 connection ends with two CQs each, about 70 sharing their CQs " +
+			"(Options.SendCQ and RecvCQ)"
 	case errors.Is(err, syscall.EMFILE):
 		oe.Hint = "out of file descriptors: each connection holds two (its CQs' completion channels) and, once it waits, " +
 			"two more (their registrations with Go's poller); " +
