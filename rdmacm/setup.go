@@ -246,7 +246,7 @@ func (e *endpoint) prepare() error {
 type sharedObject struct {
 	field  string // the Options field
 	noun   string // "PD", "CQ"
-	made   string // "allocated", "created"
+	verb   string // "allocate", "create"
 	users  string // what must be closed before it
 	closed bool
 	owner  *verbs.Device
@@ -256,14 +256,14 @@ type sharedObject struct {
 func (o *Options) shared() []sharedObject {
 	var s []sharedObject
 	if o.PD != nil {
-		s = append(s, sharedObject{"PD", "PD", "allocated", "connection and MR", o.PD.CPointer() == nil, o.PD.Device()})
+		s = append(s, sharedObject{"PD", "PD", "allocate", "connection and MR", o.PD.CPointer() == nil, o.PD.Device()})
 	}
 	for _, cq := range []struct {
 		field string
 		cq    *verbs.CQ
 	}{{"SendCQ", o.SendCQ}, {"RecvCQ", o.RecvCQ}} {
 		if cq.cq != nil {
-			s = append(s, sharedObject{cq.field, "CQ", "created", "connection", cq.cq.CPointer() == nil, cq.cq.Device()})
+			s = append(s, sharedObject{cq.field, "CQ", "create", "connection", cq.cq.CPointer() == nil, cq.cq.Device()})
 		}
 	}
 	return s
@@ -279,17 +279,14 @@ func (s sharedObject) mismatch(dev string, ctx unsafe.Pointer) (why, hint string
 			fmt.Sprintf("close the %s only after the last %s using it", s.noun, s.users)
 	case d.Info.Name != dev:
 		return fmt.Sprintf("Options.%s belongs to %s, but the connection goes through %s", s.field, d.Info.Name, dev),
-			fmt.Sprintf("use a %s per device, this one %s on rdmacm.OpenDevice(%q)", s.noun, s.made, dev)
+			fmt.Sprintf("use a %s per device, this one %sd on rdmacm.OpenDevice(%q)", s.noun, s.verb, dev)
 	case ctx != nil && d.CPointer() != ctx:
-		return fmt.Sprintf("Options.%s was %s on a context of %s other than librdmacm's", s.field, s.made, dev),
+		return fmt.Sprintf("Options.%s was %sd on a context of %s other than librdmacm's", s.field, s.verb, dev),
 			fmt.Sprintf("librdmacm creates the QP on its own context (a context from verbs.Open is another one): "+
-				"%s the %s on rdmacm.OpenDevice(%q)", verb(s.made), s.noun, dev)
+				"%s the %s on rdmacm.OpenDevice(%q)", s.verb, s.noun, dev)
 	}
 	return "", ""
 }
-
-// verb turns "allocated" into "allocate".
-func verb(made string) string { return strings.TrimSuffix(made, "d") }
 
 // resourceError explains a failed CQ or QP creation where the cause is known.
 func (e *endpoint) resourceError(step string, err error) error {
