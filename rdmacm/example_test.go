@@ -123,6 +123,74 @@ func ExampleOpenDevice() {
 	}
 }
 
+// A server takes every connection's receives on one CQ and serves them
+// from one goroutine, telling the connections apart by QP number.
+func ExampleOptions_sharedCQ() {
+	dev, err := rdmacm.OpenDevice("rxe0")
+	if err != nil {
+		log.Fatal(err)
+	}
+	pd, err := dev.AllocPD()
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pd.Close() // after everything made on it
+	const conns, slots = 4, 16
+	recvCQ, err := dev.CreateCQ(conns * slots) // room for every receive posted
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer recvCQ.Close() // after the connections
+	pool, err := pd.RegisterMemory(conns*slots*4096, verbs.AccessLocalWrite)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+
+	// Receives are posted with the QP itself: the Conn's Recv would refuse
+	// (ErrSharedCQ), as it waits on a CQ of its own. A receive's ID is
+	// its slot in the pool.
+	next := 0
+	opts := &rdmacm.Options{PD: pd, RecvCQ: recvCQ, BeforeConnect: func(c *rdmacm.Conn) error {
+		for i := 0; i < slots; i++ {
+			id := uint64(next)
+			next++
+			if err := c.QP.PostRecv(verbs.RecvWR{ID: id, SGEs: []verbs.SGE{pool.SGE(int(id)*4096, 4096)}}); err != nil {
+				return err
+			}
+		}
+		return nil
+	}}
+	l, err := rdmacm.Listen("10.10.0.1:7471", opts)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer l.Close()
+	byQPN := map[uint32]*rdmacm.Conn{}
+	for i := 0; i < conns; i++ {
+		conn, err := l.Accept(context.Background())
+		if err != nil {
+			log.Fatal(err)
+		}
+		defer conn.Close()
+		byQPN[conn.QP.QPN] = conn
+	}
+	wcs := make([]verbs.WorkCompletion, 16)
+	for got := 0; got < conns*slots; { // until every slot is used
+		n, err := recvCQ.PollWait(context.Background(), wcs)
+		if err != nil {
+			log.Fatal(err)
+		}
+		got += n
+		for _, wc := range wcs[:n] {
+			if wc.Status != verbs.WCSuccess {
+				log.Fatalf("QP %#x: receive %d: %v", wc.QPN, wc.ID, wc.Status)
+			}
+			fmt.Printf("%v sent %d bytes into slot %d\n", byQPN[wc.QPN].RemoteAddr(), wc.ByteLen, wc.ID)
+		}
+	}
+}
+
 // A pool of connections set up in bulk, one step for all of them before
 // the next: the local steps (create id, create QP) run in one loop, the
 // network steps wait for the CM concurrently.
