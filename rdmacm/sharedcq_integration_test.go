@@ -110,64 +110,6 @@ func TestSharedCQ(t *testing.T) {
 	})
 }
 
-// A CQ that cannot serve the connection's QP is refused before any QP
-// exists, naming the field and what to do.
-func TestSharedCQRefused(t *testing.T) {
-	r, s := rxe(t), siw(t)
-	checkNoLeaks(t)
-	ctx := ctxFor(t, 20*time.Second)
-
-	vdev, err := verbs.Open(r.name)
-	require.NoError(t, err)
-	t.Cleanup(func() { vdev.Close() })
-	otherContext, err := vdev.CreateCQ(4)
-	require.NoError(t, err)
-	t.Cleanup(func() { assert.NoError(t, otherContext.Close()) })
-	rdev, err := rdmacm.OpenDevice(r.name)
-	require.NoError(t, err)
-	closed, err := rdev.CreateCQ(4)
-	require.NoError(t, err)
-	require.NoError(t, closed.Close())
-
-	for _, tc := range []struct {
-		name       string
-		opts       *rdmacm.Options
-		field      string
-		want, hint string
-	}{
-		{"context of verbs.Open", &rdmacm.Options{SendCQ: otherContext}, "SendCQ",
-			"created on a context of rxe0 other than librdmacm's", `create the CQ on rdmacm.OpenDevice("rxe0")`},
-		{"another device", &rdmacm.Options{RecvCQ: ownCQ(t, s.name, 4)}, "RecvCQ",
-			"belongs to siw0, but the connection goes through rxe0", `rdmacm.OpenDevice("rxe0")`},
-		{"closed", &rdmacm.Options{RecvCQ: closed}, "RecvCQ", "Options.RecvCQ is closed", "after the last connection"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			check := func(err error) {
-				t.Helper()
-				var oe *rdmacm.OpError
-				require.ErrorAs(t, err, &oe)
-				assert.Equal(t, "use Options."+tc.field, oe.Op)
-				assert.Equal(t, "rxe0", oe.Device)
-				assert.Contains(t, oe.Error(), tc.want)
-				assert.Contains(t, oe.Hint, tc.hint)
-			}
-			_, err := rdmacm.Dial(ctx, r.at(port()), tc.opts)
-			check(err)
-
-			// The listener refuses the request, and the dialer hears so.
-			l, addr := listen(t, r, tc.opts)
-			accepted := make(chan error, 1)
-			go func() {
-				_, err := l.Accept(ctx)
-				accepted <- err
-			}()
-			_, err = rdmacm.Dial(ctx, addr, nil)
-			assert.ErrorIs(t, err, rdmacm.ErrRejected)
-			check(<-accepted)
-		})
-	}
-}
-
 // ConnectOverTCP creates the QP itself on the PD's context, so shared CQs
 // need Options.PD, made on the same context.
 func TestConnectOverTCPWithSharedCQ(t *testing.T) {

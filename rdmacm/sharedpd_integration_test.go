@@ -62,9 +62,9 @@ func TestSharedPD(t *testing.T) {
 	})
 }
 
-// A PD that cannot hold the connection's QP is refused before any QP
-// exists, on either side, with what to do instead.
-func TestSharedPDRefused(t *testing.T) {
+// A PD or CQ that cannot serve the connection's QP is refused before any
+// QP exists, on either side, naming the Options field and what to do.
+func TestLentObjectsRefused(t *testing.T) {
 	r, s := rxe(t), siw(t)
 	checkNoLeaks(t)
 	ctx := ctxFor(t, 20*time.Second)
@@ -72,39 +72,53 @@ func TestSharedPDRefused(t *testing.T) {
 	vdev, err := verbs.Open(r.name)
 	require.NoError(t, err)
 	t.Cleanup(func() { vdev.Close() })
-	otherContext, err := vdev.AllocPD()
+	otherPD, err := vdev.AllocPD()
 	require.NoError(t, err)
-	t.Cleanup(func() { assert.NoError(t, otherContext.Close()) })
+	t.Cleanup(func() { assert.NoError(t, otherPD.Close()) })
+	otherCQ, err := vdev.CreateCQ(4)
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, otherCQ.Close()) })
 	rdev, err := rdmacm.OpenDevice(r.name)
 	require.NoError(t, err)
-	closed, err := rdev.AllocPD()
+	closedPD, err := rdev.AllocPD()
 	require.NoError(t, err)
-	require.NoError(t, closed.Close())
+	require.NoError(t, closedPD.Close())
+	closedCQ, err := rdev.CreateCQ(4)
+	require.NoError(t, err)
+	require.NoError(t, closedCQ.Close())
 
 	for _, tc := range []struct {
 		name       string
-		pd         *verbs.PD
+		opts       *rdmacm.Options
+		field      string
 		want, hint string
 	}{
-		{"context of verbs.Open", otherContext, "allocated on a context of rxe0 other than librdmacm's", `rdmacm.OpenDevice("rxe0")`},
-		{"another device", ownPD(t, s.name), "belongs to siw0, but the connection goes through rxe0", `rdmacm.OpenDevice("rxe0")`},
-		{"closed", closed, "Options.PD is closed", "after the last connection"},
+		{"PD of verbs.Open", &rdmacm.Options{PD: otherPD}, "PD",
+			"allocated on a context of rxe0 other than librdmacm's", `allocate the PD on rdmacm.OpenDevice("rxe0")`},
+		{"PD of another device", &rdmacm.Options{PD: ownPD(t, s.name)}, "PD",
+			"belongs to siw0, but the connection goes through rxe0", `rdmacm.OpenDevice("rxe0")`},
+		{"closed PD", &rdmacm.Options{PD: closedPD}, "PD", "Options.PD is closed", "after the last connection and MR"},
+		{"CQ of verbs.Open", &rdmacm.Options{SendCQ: otherCQ}, "SendCQ",
+			"created on a context of rxe0 other than librdmacm's", `create the CQ on rdmacm.OpenDevice("rxe0")`},
+		{"CQ of another device", &rdmacm.Options{RecvCQ: ownCQ(t, s.name, 4)}, "RecvCQ",
+			"belongs to siw0, but the connection goes through rxe0", `rdmacm.OpenDevice("rxe0")`},
+		{"closed CQ", &rdmacm.Options{RecvCQ: closedCQ}, "RecvCQ", "Options.RecvCQ is closed", "after the last connection"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			check := func(err error) {
 				t.Helper()
 				var oe *rdmacm.OpError
 				require.ErrorAs(t, err, &oe)
-				assert.Equal(t, "use Options.PD", oe.Op)
+				assert.Equal(t, "use Options."+tc.field, oe.Op)
 				assert.Equal(t, "rxe0", oe.Device)
 				assert.Contains(t, oe.Error(), tc.want)
 				assert.Contains(t, oe.Hint, tc.hint)
 			}
-			_, err := rdmacm.Dial(ctx, r.at(port()), &rdmacm.Options{PD: tc.pd})
+			_, err := rdmacm.Dial(ctx, r.at(port()), tc.opts)
 			check(err)
 
 			// The listener refuses the request, and the dialer hears so.
-			l, addr := listen(t, r, &rdmacm.Options{PD: tc.pd})
+			l, addr := listen(t, r, tc.opts)
 			accepted := make(chan error, 1)
 			go func() {
 				_, err := l.Accept(ctx)

@@ -99,11 +99,17 @@ func connectOverTCP(ctx context.Context, tcp net.Conn, o *Options, path *resolve
 	}
 	var err error
 	// Our own QP: any context of the device will do, as long as the PD and
-	// the CQs share it.
+	// the CQs share it. The PD comes first in o.shared(): once it passed,
+	// its device is there to compare the CQs' with.
 	for _, s := range o.shared() {
 		if why, hint := s.mismatch(path.Device, nil); why != "" {
 			oe := where("use Options."+s.field, errors.New(why))
 			oe.Hint = hint
+			return nil, nil, oe
+		}
+		if o.PD != nil && s.owner.CPointer() != o.PD.Device().CPointer() {
+			oe := where("use Options."+s.field, fmt.Errorf("the CQ in Options.%s and the PD in Options.PD were made on different contexts of %s", s.field, path.Device))
+			oe.Hint = "create the CQs on the PD's device (PD.Device)"
 			return nil, nil, oe
 		}
 	}
@@ -111,13 +117,6 @@ func connectOverTCP(ctx context.Context, tcp net.Conn, o *Options, path *resolve
 		oe := where("use Options.SendCQ and RecvCQ", errors.New("shared CQs need Options.PD: the QP, its PD and its CQs must share one device context"))
 		oe.Hint = "allocate the PD on the CQs' device (their Device method) and set Options.PD"
 		return nil, nil, oe
-	}
-	for _, s := range o.shared() {
-		if o.PD != nil && s.owner.CPointer() != o.PD.Device().CPointer() {
-			oe := where("use Options."+s.field, fmt.Errorf("the CQ in Options.%s and the PD in Options.PD were made on different contexts of %s", s.field, path.Device))
-			oe.Hint = "create the CQs on the PD's device (PD.Device)"
-			return nil, nil, oe
-		}
 	}
 	if o.PD != nil {
 		res.dev, res.pd, res.sharedPD = o.PD.Device(), o.PD, true
