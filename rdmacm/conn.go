@@ -22,16 +22,25 @@ type Path struct {
 	Device        string
 	Port          int
 	Transport     verbs.Transport
+	// Kind is what the port is: RoCE and InfiniBand share the IB
+	// transport, and only the source GID's type tells them apart here.
+	// KindUnknown if the GID could not be read (the device is gone).
+	Kind verbs.Kind
 	// GIDIndex is the source GID index the QP uses (RoCE and InfiniBand;
-	// -1 on iWARP, which has none).
+	// -1 on iWARP, which has none, and on the accepting side of UD, which
+	// addresses each reply anew), and GIDType that entry's type: on RoCE,
+	// v1 or v2, which both ends must agree on.
 	GIDIndex int
+	GIDType  verbs.GIDType
 	// MTU is the QP's path MTU (0 on iWARP, where TCP segments instead).
 	MTU  verbs.MTU
 	Mode Mode
 }
 
+// String reads like "10.0.0.1:41618 -> 10.0.0.2:7471 on rxe0 port 1
+// (RoCE v2, CM-managed), GID index 1, MTU 1024".
 func (p Path) String() string {
-	s := fmt.Sprintf("%v -> %v on %s port %d (%v, %v)", p.Local, p.Remote, p.Device, p.Port, p.Transport, p.Mode)
+	s := fmt.Sprintf("%v -> %v on %s port %d (%s, %v)", p.Local, p.Remote, p.Device, p.Port, p.kindName(), p.Mode)
 	if p.GIDIndex >= 0 {
 		s += fmt.Sprintf(", GID index %d", p.GIDIndex)
 	}
@@ -58,11 +67,14 @@ type Conn struct {
 	PD     *verbs.PD
 	Device *verbs.Device
 
-	path     Path
-	peerData []byte
-	peer     UDPeer     // UD: the dialed peer, or the multicast group
-	group    netip.Addr // multicast: the group joined
-	opts     Options
+	path Path
+	// pathMu guards the part of path that Path fills in on first use.
+	pathMu    sync.Mutex
+	pathKnown bool
+	peerData  []byte
+	peer      UDPeer     // UD: the dialed peer, or the multicast group
+	group     netip.Addr // multicast: the group joined
+	opts      Options
 
 	id  *cmID // nil for ConnectOverTCP
 	res *resources
@@ -87,8 +99,54 @@ type Conn struct {
 	mrMu   sync.Mutex // guards res.mrs and res.ahs
 }
 
-// Path is the connection's addresses, device, port, GID index and MTU.
-func (c *Conn) Path() Path { return c.path }
+// kindName is the kind of RDMA, with the RoCE version.
+func (p Path) kindName() string {
+	switch p.Kind {
+	case verbs.KindRoCE:
+		if p.GIDIndex >= 0 {
+			return p.GIDType.String()
+		}
+	case verbs.KindUnknown:
+		return p.Transport.String()
+	}
+	return p.Kind.String()
+}
+
+// Path is the connection's addresses, device, port, kind of RDMA (RoCE v1
+// or v2, InfiniBand, iWARP), GID index and MTU. On RoCE and InfiniBand the
+// first call once the connection is up reads the source GID's type from
+// the device: setup itself never needs it.
+func (c *Conn) Path() Path {
+	c.pathMu.Lock()
+	defer c.pathMu.Unlock()
+	if !c.pathKnown {
+		c.pathKnown = c.learnGIDType()
+	}
+	return c.path
+}
+
+// learnGIDType fills in the Kind and GIDType of a CM connection's path from
+// its source GID entry. It reports false while there is nothing to go by
+// yet: BeforeConnect's Conn has no GID index.
+func (c *Conn) learnGIDType() bool {
+	p := &c.path
+	switch {
+	case p.Kind == verbs.KindIWARP:
+		return true
+	case p.GIDIndex < 0 || c.Device == nil:
+		return false
+	}
+	e, err := c.Device.QueryGID(p.Port, p.GIDIndex)
+	if err != nil {
+		return true // the device is gone: Path says what it knows
+	}
+	p.GIDType = e.Type
+	p.Kind = verbs.KindInfiniBand
+	if e.Type == verbs.GIDTypeRoCEv1 || e.Type == verbs.GIDTypeRoCEv2 {
+		p.Kind = verbs.KindRoCE
+	}
+	return true
+}
 
 // LocalAddr and RemoteAddr are the connection's IP addresses and ports.
 func (c *Conn) LocalAddr() netip.AddrPort  { return c.path.Local }

@@ -68,10 +68,15 @@ func TestDialAccept(t *testing.T) {
 			assert.Equal(t, rdmacm.ModeCM, p.Mode)
 			if d.iwarp {
 				assert.Equal(t, verbs.TransportIWARP, p.Transport)
+				assert.Equal(t, verbs.KindIWARP, p.Kind)
 				assert.Equal(t, -1, p.GIDIndex)
+				assert.Contains(t, p.String(), "(iWARP, CM-managed)")
 			} else {
 				assert.GreaterOrEqual(t, p.GIDIndex, 0)
 				assert.Equal(t, verbs.MTU1024, p.MTU, "rxe on a 1500-byte netdev")
+				assert.Equal(t, verbs.KindRoCE, p.Kind)
+				assert.Equal(t, verbs.GIDTypeRoCEv2, p.GIDType, "rxe has RoCE v2 GIDs only")
+				assert.Contains(t, p.String(), "(RoCE v2, CM-managed), GID index")
 			}
 			if !d.iwarp { // siw's ibv_query_qp reports RESET on a connected QP
 				assert.Equal(t, verbs.QPStateRTS, c.QP.State())

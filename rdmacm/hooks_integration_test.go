@@ -23,7 +23,9 @@ func TestBeforeConnectPostsReceivesInTime(t *testing.T) {
 		checkNoLeaks(t)
 		zero := uint8(0)
 		var serverMR *verbs.MR
+		var early rdmacm.Path
 		serverOpts := &rdmacm.Options{BeforeConnect: func(c *rdmacm.Conn) error {
+			early = c.Path() // before the connection is up: no GID yet
 			var err error
 			if serverMR, err = c.RegisterMemory(4096, verbs.AccessLocalWrite); err != nil {
 				return err
@@ -51,6 +53,15 @@ func TestBeforeConnectPostsReceivesInTime(t *testing.T) {
 		wc, err := server.Recv(ctx)
 		require.NoError(t, err)
 		assert.Equal(t, "first", string(serverMR.Bytes()[:wc.ByteLen]))
+
+		// The Path seen early does not stand in for the one once connected.
+		assert.Equal(t, -1, early.GIDIndex)
+		want := verbs.KindIWARP
+		if !d.iwarp {
+			want = verbs.KindRoCE
+			assert.Equal(t, verbs.GIDTypeRoCEv2, server.Path().GIDType)
+		}
+		assert.Equal(t, want, server.Path().Kind)
 	})
 }
 

@@ -124,6 +124,10 @@ func TestUD(t *testing.T) {
 			peer := client.Peer()
 			assert.Equal(t, server.QP.QPN, peer.QPN)
 			assert.Equal(t, uint32(0x01234567), peer.QKey, "the kernel CM's qkey for RDMA_PS_UDP")
+			assert.Contains(t, client.Path().String(), "(RoCE v2, "+mode.String()+"), GID index",
+				"the dialer's GID index comes with the peer's address")
+			assert.Contains(t, server.Path().String(), "(RoCE, "+mode.String()+")",
+				"the accepting side addresses each reply anew: no one GID index")
 
 			cmr, err := client.RegisterMemory(8192, access)
 			require.NoError(t, err)

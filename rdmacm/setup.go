@@ -426,10 +426,15 @@ func (e *endpoint) conn(peerData []byte, mode Mode) *Conn {
 	if !c.path.Remote.IsValid() {
 		c.path.Remote = e.remote
 	}
-	if c.path.Transport != verbs.TransportIWARP {
-		if c.QP.Type == verbs.QPTypeUD {
-			c.path.MTU = e.port.ActiveMTU
-		} else if a, err := c.QP.Query(verbs.AttrAV | verbs.AttrPathMTU); err == nil {
+	switch {
+	case c.path.Transport == verbs.TransportIWARP:
+		c.path.Kind = verbs.KindIWARP
+	case c.QP.Type == verbs.QPTypeUD:
+		// The port was queried for its MTU; a dialer's GID index comes
+		// with the peer's AH.
+		c.path.Kind, c.path.MTU = verbs.KindOf(c.path.Transport, e.port.LinkLayer), e.port.ActiveMTU
+	default:
+		if a, err := c.QP.Query(verbs.AttrAV | verbs.AttrPathMTU); err == nil {
 			c.path.GIDIndex, c.path.MTU = int(a.AH.GRH.SGIDIndex), a.PathMTU
 		}
 	}

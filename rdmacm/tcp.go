@@ -198,7 +198,8 @@ func connectOverTCP(ctx context.Context, tcp net.Conn, o *Options, path *resolve
 	c.res = &rc
 	*res = resources{}
 	c.path = Path{Local: local, Remote: remote, Device: path.Device, Port: path.Port, Transport: c.Device.Info.Transport,
-		GIDIndex: path.GIDIndex, Mode: ModeManual}
+		Kind: path.Kind, GIDIndex: path.GIDIndex, GIDType: path.GIDType, Mode: ModeManual}
+	c.pathKnown = true // the resolver's path has it all
 	if a, err := c.QP.Query(verbs.AttrPathMTU); err == nil {
 		c.path.MTU = a.PathMTU
 	}

@@ -66,6 +66,8 @@ func TestConnectOverTCP(t *testing.T) {
 	assert.Equal(t, "rxe0", p.Device)
 	assert.Equal(t, verbs.MTU1024, p.MTU)
 	assert.GreaterOrEqual(t, p.GIDIndex, 0)
+	assert.Equal(t, verbs.KindRoCE, p.Kind)
+	assert.Equal(t, verbs.GIDTypeRoCEv2, p.GIDType)
 	assert.Equal(t, verbs.QPStateRTS, client.QP.State())
 
 	// Closing one end is the other's disconnect.
