@@ -91,7 +91,12 @@ type Conn struct {
 
 	disconnectOnce sync.Once
 	disconnectErr  error
-	disconnecting  atomic.Bool // this side sent a disconnect: the peer's answer needs none
+	// sendDisconnectOnce guards the disconnect request, which
+	// StartDisconnect or Disconnect sends, at disconnectSent.
+	sendDisconnectOnce sync.Once
+	sendDisconnectErr  error
+	disconnectSent     time.Time
+	disconnecting      atomic.Bool // this side sent a disconnect: the peer's answer needs none
 
 	sendMu sync.Mutex
 	recvMu sync.Mutex
@@ -220,8 +225,8 @@ func (c *Conn) opError(op string, kind, err error) *OpError {
 
 // Disconnect ends the connection without releasing it, so that many
 // connections can be taken down together and released afterwards (as
-// rdma-core's cmtime does): it sends a disconnect and waits until the CM
-// reports the end, up to CloseTimeout or ctx. The QP is then in the error
+// rdma-core's cmtime does): it sends a disconnect (unless StartDisconnect
+// did) and waits until the CM reports the end, up to CloseTimeout or ctx. The QP is then in the error
 // state, its posted work requests flushed, and Done is closed. It returns
 // nil if the connection had ended already. Close, which disconnects too,
 // is still needed. A UD connection, or one made by ConnectOverTCP, has no
@@ -230,6 +235,44 @@ func (c *Conn) opError(op string, kind, err error) *OpError {
 func (c *Conn) Disconnect(ctx context.Context) error {
 	c.disconnectOnce.Do(func() { c.disconnectErr = c.disconnect(ctx) })
 	return c.disconnectErr
+}
+
+// StartDisconnect sends the disconnect and returns without waiting for the
+// CM: Done closes when it reports the end, and Disconnect or Close then
+// wait for that. So one goroutine can take many connections down together,
+// a request for each in one loop and the waits in the next, as C programs
+// do. It returns nil if the connection had ended already; UD and
+// ConnectOverTCP connections, which have no CM connection to end, end here
+// at once, as with Disconnect.
+func (c *Conn) StartDisconnect() error {
+	if c.tcp != nil || c.QP.Type == verbs.QPTypeUD {
+		return c.Disconnect(context.Background())
+	}
+	c.sendDisconnectOnce.Do(func() { c.sendDisconnectErr = c.sendDisconnect() })
+	return c.sendDisconnectErr
+}
+
+// sendDisconnect is rdma_disconnect; disconnectSent records when it went
+// out, and stays zero when there was nothing to end.
+func (c *Conn) sendDisconnect() error {
+	select {
+	case <-c.done:
+		return nil
+	default:
+	}
+	sent := time.Now()
+	c.disconnecting.Store(true)
+	if err := c.id.disconnect(); err != nil {
+		select {
+		case <-c.done:
+			return nil // the peer's disconnect came first
+		default:
+		}
+		c.end(ErrClosed, nil)
+		return c.opError("disconnect", nil, err)
+	}
+	c.disconnectSent = sent
+	return nil
 }
 
 func (c *Conn) disconnect(ctx context.Context) error {
@@ -245,22 +288,10 @@ func (c *Conn) disconnect(ctx context.Context) error {
 		c.end(ErrClosed, nil)
 		return nil
 	}
-	select {
-	case <-c.done:
-		return nil
-	default:
+	if err := c.StartDisconnect(); err != nil || c.disconnectSent.IsZero() {
+		return err
 	}
-	start := time.Now()
-	c.disconnecting.Store(true)
-	if err := c.id.disconnect(); err != nil {
-		select {
-		case <-c.done:
-			return nil // the peer's disconnect came first
-		default:
-		}
-		c.end(ErrClosed, nil)
-		return c.opError("disconnect", nil, err)
-	}
+	start := c.disconnectSent
 	t := time.NewTimer(c.opts.CloseTimeout)
 	defer t.Stop()
 	select {

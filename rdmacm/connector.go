@@ -19,7 +19,8 @@ import (
 // connections before the next: one goroutine can create every id, or every
 // QP, in a loop, without a goroutine and a hand-over per connection. The
 // network steps wait for the CM and are run concurrently the usual way, a
-// goroutine per connection. Dial is these five calls.
+// goroutine per connection, or all from one goroutine with Start and then
+// the step's method to wait. Dial is these five calls.
 //
 // A Connector is used by one goroutine at a time; ctx cancels the step it
 // is given. A step that fails leaves the Connector failed: later steps
@@ -102,6 +103,53 @@ func (c *Connector) finish(s Step, err error) error {
 	return nil
 }
 
+// Start sends the request of step s, which must be the next step and one
+// that waits for the network (StepResolveAddr, StepResolveRoute or
+// StepConnect), and returns without waiting for the answer. The step's
+// method (ResolveAddr, ResolveRoute or Connect) then waits for it,
+// retrying as it would have itself, with its timeout counted from the
+// wait. So one goroutine can start a step for many connections and then
+// wait for each in turn while the CM works on all of them, as a C program
+// does with one event channel, without a goroutine per connection.
+// Start(StepConnect) runs Options.BeforeConnect. A Start that fails ends
+// the dial, like a failed step.
+func (c *Connector) Start(s Step) error {
+	e := c.e
+	refuse := func(err error) error {
+		return &OpError{Op: "Start", Local: e.local, Remote: e.remote, Err: err}
+	}
+	switch s {
+	case StepResolveAddr, StepResolveRoute, StepConnect:
+	case StepCreateQP:
+		return refuse(errors.New("create qp waits for nothing: call CreateQP"))
+	default:
+		return refuse(fmt.Errorf("%v is not a step a Connector starts (resolve addr, resolve route or connect)", s))
+	}
+	if err := c.step(s, "Start"); err != nil {
+		return err
+	}
+	if e.issued {
+		return refuse(fmt.Errorf("%v is started already: call %s to wait for it", s, connectorMethods[s]))
+	}
+	var err error
+	switch s {
+	case StepResolveAddr:
+		if err = e.setOptions(); err == nil {
+			err = e.issueResolveAddr(e.o.Source)
+		}
+	case StepResolveRoute:
+		err = e.issueResolveRoute()
+	case StepConnect:
+		err = e.issueConnect()
+	}
+	if err != nil {
+		c.err = err
+		return err
+	}
+	e.issued = true
+	return nil
+}
+
 // ResolveAddr applies the id's options (TOS, reuse, ACK timeout) and
 // resolves the destination to a local RDMA device and port, with
 // Options.ResolveAddrTimeout and ResolveRetries. It refuses a mode the
@@ -111,7 +159,10 @@ func (c *Connector) ResolveAddr(ctx context.Context) error {
 		return err
 	}
 	e := c.e
-	err := e.setOptions()
+	var err error
+	if !e.issued { // else Start applied them
+		err = e.setOptions()
+	}
 	if err == nil {
 		err = e.resolveAddr(ctx, e.o.Source)
 	}
@@ -166,43 +217,25 @@ func (c *Connector) Close() error {
 		return nil
 	}
 	c.closed = true
-	if c.background {
+	// A connect that Start sent and no one waited for may still be pending
+	// in the kernel as well.
+	if c.background || (c.e.iwarp && c.e.connecting) {
 		go c.e.abort()
 		return nil
 	}
 	return c.e.abort()
 }
 
-// connect is Dial's last step: the request, the answer and, in ModeManual,
-// the QP's moves and the RTU.
+// connect is Dial's last step: the request (unless Connector.Start sent
+// it), the answer and, in ModeManual, the QP's moves and the RTU.
 func (e *endpoint) connect(ctx context.Context) (*Conn, error) {
 	o := e.o
-	var p ConnParam
-	if err := e.rdAtomic(&p, nil); err != nil {
-		return nil, err
-	}
-	p.RetryCount, p.RNRRetryCount = orSeven(o.RetryCount), orSeven(o.RNRRetryCount)
-	if o.Mode == ModeManual {
-		p.QPNum = e.res.qp.QPN
-	}
-	data, err := encodePrivateData(e.id.ps, msgConnect, o.RawPrivateData, e.localMTU(), o.PrivateData)
-	if err != nil {
-		return nil, e.fail("connect", nil, err)
-	}
-	if err := e.beforeConnect(); err != nil {
-		return nil, err
-	}
-	start := time.Now()
-	if err := e.id.connectOrAccept(false, p, data); err != nil {
-		if errors.Is(err, syscall.ECONNREFUSED) {
-			// iWARP connects its TCP stream in rdma_connect: a refusal is immediate.
-			oe := e.fail("connect", nil, &RejectedError{Status: rejectIWARP})
-			oe.Hint = rejectMeaning(rejectIWARP)
-			return nil, oe
+	if !e.takeIssued() {
+		if err := e.issueConnect(); err != nil {
+			return nil, err
 		}
-		return nil, e.fail("connect", ErrConnect, err)
 	}
-	e.connecting = true
+	start := e.issuedAt
 	ev, err := e.await(ctx, "connect", o.ConnectTimeout)
 	if err != nil {
 		return nil, err
@@ -250,4 +283,37 @@ func (e *endpoint) connect(ctx context.Context) (*Conn, error) {
 		return nil, e.failEvent("connect", ErrDeviceRemoved, ev)
 	}
 	return nil, e.failEvent("connect", ErrConnect, ev)
+}
+
+// issueConnect runs BeforeConnect and sends the connect request with
+// Options.PrivateData.
+func (e *endpoint) issueConnect() error {
+	o := e.o
+	var p ConnParam
+	if err := e.rdAtomic(&p, nil); err != nil {
+		return err
+	}
+	p.RetryCount, p.RNRRetryCount = orSeven(o.RetryCount), orSeven(o.RNRRetryCount)
+	if o.Mode == ModeManual {
+		p.QPNum = e.res.qp.QPN
+	}
+	data, err := encodePrivateData(e.id.ps, msgConnect, o.RawPrivateData, e.localMTU(), o.PrivateData)
+	if err != nil {
+		return e.fail("connect", nil, err)
+	}
+	if err := e.beforeConnect(); err != nil {
+		return err
+	}
+	e.issuedAt = time.Now()
+	if err := e.id.connectOrAccept(false, p, data); err != nil {
+		if errors.Is(err, syscall.ECONNREFUSED) {
+			// iWARP connects its TCP stream in rdma_connect: a refusal is immediate.
+			oe := e.fail("connect", nil, &RejectedError{Status: rejectIWARP})
+			oe.Hint = rejectMeaning(rejectIWARP)
+			return oe
+		}
+		return e.fail("connect", ErrConnect, err)
+	}
+	e.connecting = true
+	return nil
 }

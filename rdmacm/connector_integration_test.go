@@ -4,6 +4,7 @@ package rdmacm_test
 
 import (
 	"errors"
+	"net/netip"
 	"testing"
 	"time"
 
@@ -117,4 +118,137 @@ func TestNewConnectorBadInput(t *testing.T) {
 	assert.ErrorContains(t, err, "nowhere")
 	_, err = rdmacm.NewConnector("10.0.0.1:1", &rdmacm.Options{PrivateData: make([]byte, 1000)})
 	assert.ErrorIs(t, err, rdmacm.ErrPrivateDataTooLong)
+}
+
+// One goroutine takes several connections through the network steps as a
+// C program does: Start for every connection, then the step's method to
+// wait for each, and takes them down with StartDisconnect. Every
+// connection works, each step is traced once per connection, and nothing
+// is left behind.
+func TestConnectorStart(t *testing.T) {
+	forEachDevice(t, func(t *testing.T, d device) {
+		checkNoLeaks(t)
+		ctx := ctxFor(t, 30*time.Second)
+		const n = 6
+		l, addr := listen(t, d, nil)
+		accepted := make(chan *rdmacm.Conn, n)
+		go func() {
+			for range n {
+				c, err := l.Accept(ctx)
+				if !assert.NoError(t, err) {
+					return
+				}
+				accepted <- c
+			}
+		}()
+		traced := make([]map[rdmacm.Step]int, n)
+		cs := make([]*rdmacm.Connector, n)
+		for i := range cs {
+			traced[i] = map[rdmacm.Step]int{}
+			o := &rdmacm.Options{Trace: func(s rdmacm.Step, _ time.Time, _ time.Duration) { traced[i][s]++ }}
+			var err error
+			cs[i], err = rdmacm.NewConnector(addr, o)
+			require.NoError(t, err)
+			defer cs[i].Close()
+		}
+		each := func(f func(c *rdmacm.Connector) error) {
+			for _, c := range cs {
+				require.NoError(t, f(c))
+			}
+		}
+		each(func(c *rdmacm.Connector) error { return c.Start(rdmacm.StepResolveAddr) })
+		each(func(c *rdmacm.Connector) error { return c.ResolveAddr(ctx) })
+		each(func(c *rdmacm.Connector) error { return c.Start(rdmacm.StepResolveRoute) })
+		each(func(c *rdmacm.Connector) error { return c.ResolveRoute(ctx) })
+		each(func(c *rdmacm.Connector) error { return c.CreateQP() })
+		each(func(c *rdmacm.Connector) error { return c.Start(rdmacm.StepConnect) })
+		clients := map[netip.AddrPort]*rdmacm.Conn{}
+		each(func(c *rdmacm.Connector) error {
+			conn, err := c.Connect(ctx)
+			if err == nil {
+				clients[conn.LocalAddr()] = conn
+			}
+			return err
+		})
+		for range n {
+			var server *rdmacm.Conn
+			select {
+			case server = <-accepted:
+			case <-ctx.Done():
+				t.Fatal("the listener did not accept every connection")
+			}
+			client := clients[server.RemoteAddr()]
+			require.NotNil(t, client, "an accepted connection from %v, which no Connector made", server.RemoteAddr())
+			exchange(t, client, server)
+			defer server.Close()
+		}
+		// The teardown the same way: every disconnect sent, then each end
+		// awaited.
+		for _, c := range clients {
+			require.NoError(t, c.StartDisconnect())
+			assert.NoError(t, c.StartDisconnect(), "twice")
+		}
+		for _, c := range clients {
+			select {
+			case <-c.Done():
+			case <-ctx.Done():
+				t.Fatal("a disconnect StartDisconnect sent never ended the connection")
+			}
+			assert.ErrorIs(t, c.Err(), rdmacm.ErrDisconnected)
+			assert.NoError(t, c.Disconnect(ctx), "Disconnect after StartDisconnect waits for the same end")
+			assert.NoError(t, c.Close())
+		}
+		for i := range traced {
+			assert.Equal(t, map[rdmacm.Step]int{rdmacm.StepCreateID: 1, rdmacm.StepResolveAddr: 1, rdmacm.StepResolveRoute: 1,
+				rdmacm.StepCreateQP: 1, rdmacm.StepConnect: 1, rdmacm.StepDisconnect: 1, rdmacm.StepDestroyQP: 1,
+				rdmacm.StepDestroyID: 1}, traced[i], "connection %d", i)
+		}
+	})
+}
+
+// Start refuses what it cannot start, and a Connector closed with a request
+// out and nobody waiting releases everything.
+func TestConnectorStartRefused(t *testing.T) {
+	forEachDevice(t, func(t *testing.T, d device) {
+		checkNoLeaks(t)
+		ctx := ctxFor(t, 20*time.Second)
+		_, addr := listen(t, d, nil)
+		c, err := rdmacm.NewConnector(addr, nil)
+		require.NoError(t, err)
+		assert.ErrorContains(t, c.Start(rdmacm.StepCreateQP), "create qp waits for nothing: call CreateQP")
+		assert.ErrorContains(t, c.Start(rdmacm.StepDisconnect), "not a step a Connector starts")
+		assert.ErrorContains(t, c.Start(rdmacm.StepResolveRoute), "out of order: ResolveAddr must come first")
+		require.NoError(t, c.Start(rdmacm.StepResolveAddr), "refusals do not spoil the Connector")
+		assert.ErrorContains(t, c.Start(rdmacm.StepResolveAddr), "resolve addr is started already: call ResolveAddr to wait for it")
+		require.NoError(t, c.ResolveAddr(ctx))
+		assert.ErrorContains(t, c.Start(rdmacm.StepResolveAddr), "out of order: ResolveAddr is done already")
+		require.NoError(t, c.Start(rdmacm.StepResolveRoute))
+		assert.NoError(t, c.Close(), "with a route request out")
+		assert.ErrorIs(t, c.Start(rdmacm.StepResolveRoute), rdmacm.ErrClosed)
+	})
+}
+
+// A refused connect ends the dial whether the refusal comes with Start (an
+// iWARP connect opens its TCP stream at once) or while Connect waits (RoCE).
+func TestConnectorStartRefusedConnect(t *testing.T) {
+	forEachDevice(t, func(t *testing.T, d device) {
+		checkNoLeaks(t)
+		ctx := ctxFor(t, 20*time.Second)
+		c, err := rdmacm.NewConnector(d.at(port()), nil) // nobody listens there
+		require.NoError(t, err)
+		require.NoError(t, c.ResolveAddr(ctx))
+		require.NoError(t, c.ResolveRoute(ctx))
+		require.NoError(t, c.CreateQP())
+		err = c.Start(rdmacm.StepConnect)
+		if d.iwarp {
+			require.ErrorIs(t, err, rdmacm.ErrRejected)
+		} else {
+			require.NoError(t, err)
+			_, err = c.Connect(ctx)
+			require.ErrorIs(t, err, rdmacm.ErrRejected)
+		}
+		_, again := c.Connect(ctx)
+		assert.Same(t, err, again, "the failure sticks")
+		assert.NoError(t, c.Close())
+	})
 }

@@ -25,7 +25,9 @@
 // ResolveAddr, ResolveRoute, CreateQP and Connect. Programs that set up
 // many connections at once can make them themselves, one step for every
 // connection before the next, as C programs such as cmtime do: the local
-// steps in a loop on one goroutine, the network steps concurrently. With a
+// steps in a loop on one goroutine, and the network steps either a
+// goroutine per connection or, with Connector.Start, every request sent in
+// one loop and every answer awaited in the next. With a
 // goroutine per Dial instead, every local step pays a hand-over between
 // goroutines, which costs more than the step's own call. Conn.Disconnect
 // likewise ends a connection without releasing it, so that many can be

@@ -247,3 +247,55 @@ func ExampleConnector() {
 	}
 	fmt.Println(len(conns), "connections up")
 }
+
+// Many connections dialed from one goroutine, as a C program does with one
+// event channel: each network step's requests go out in one loop (Start),
+// and the answers are awaited in the next, while the CM works on all of
+// them.
+func ExampleConnector_Start() {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cs := make([]*rdmacm.Connector, 64)
+	for i := range cs {
+		c, err := rdmacm.NewConnector("10.10.0.1:7471", nil)
+		if err != nil {
+			log.Fatal(err)
+		}
+		defer c.Close()
+		cs[i] = c
+	}
+	// step sends every connection's request for s, then waits for each.
+	step := func(s rdmacm.Step, wait func(c *rdmacm.Connector) error) {
+		for _, c := range cs {
+			if err := c.Start(s); err != nil {
+				log.Fatal(err)
+			}
+		}
+		for _, c := range cs {
+			if err := wait(c); err != nil {
+				log.Fatal(err)
+			}
+		}
+	}
+	step(rdmacm.StepResolveAddr, func(c *rdmacm.Connector) error { return c.ResolveAddr(ctx) })
+	step(rdmacm.StepResolveRoute, func(c *rdmacm.Connector) error { return c.ResolveRoute(ctx) })
+	for _, c := range cs {
+		if err := c.CreateQP(); err != nil {
+			log.Fatal(err)
+		}
+	}
+	var conns []*rdmacm.Conn
+	defer func() {
+		for _, conn := range conns {
+			conn.Close()
+		}
+	}()
+	step(rdmacm.StepConnect, func(c *rdmacm.Connector) error {
+		conn, err := c.Connect(ctx)
+		if err == nil {
+			conns = append(conns, conn)
+		}
+		return err
+	})
+	fmt.Println(len(conns), "connections up")
+}

@@ -28,6 +28,10 @@ type endpoint struct {
 	iwarp  bool
 	// connecting: a connect request is out and not yet answered.
 	connecting bool
+	// issued: Connector.Start sent the next step's request, at issuedAt
+	// (set by every issue, for the step's trace); its method only waits.
+	issued   bool
+	issuedAt time.Time
 	// c is the Conn being made, once BeforeConnect has seen it.
 	c *Conn
 }
@@ -110,15 +114,20 @@ func intOpt(v int32) []byte {
 }
 
 // resolveAddr runs address resolution with bounded retries and learns the
-// device it leads to.
+// device it leads to. A request Connector.Start sent is only waited for.
 func (e *endpoint) resolveAddr(ctx context.Context, src netip.Addr) error {
 	o := e.o
-	start := time.Now()
+	issued := e.takeIssued()
+	var start time.Time
 	for attempt := 0; ; attempt++ {
-		if err := e.id.resolveAddr(src, e.remote, o.ResolveAddrTimeout); err != nil {
-			oe := e.fail("resolve address", ErrAddrResolution, err)
-			oe.Hint = hintFor(EventAddrError, -int(errnoOf(err).(syscall.Errno)))
-			return oe
+		if !issued {
+			if err := e.issueResolveAddr(src); err != nil {
+				return err
+			}
+		}
+		issued = false
+		if attempt == 0 {
+			start = e.issuedAt
 		}
 		ev, err := e.await(ctx, "resolve address", o.ResolveAddrTimeout+time.Second)
 		if err != nil {
@@ -142,13 +151,32 @@ func (e *endpoint) resolveAddr(ctx context.Context, src netip.Addr) error {
 	return e.checkMode()
 }
 
-// resolveRoute runs route resolution with bounded retries.
+// issueResolveAddr sends the address resolution request.
+func (e *endpoint) issueResolveAddr(src netip.Addr) error {
+	e.issuedAt = time.Now()
+	if err := e.id.resolveAddr(src, e.remote, e.o.ResolveAddrTimeout); err != nil {
+		oe := e.fail("resolve address", ErrAddrResolution, err)
+		oe.Hint = hintFor(EventAddrError, -int(errnoOf(err).(syscall.Errno)))
+		return oe
+	}
+	return nil
+}
+
+// resolveRoute runs route resolution with bounded retries. A request
+// Connector.Start sent is only waited for.
 func (e *endpoint) resolveRoute(ctx context.Context) error {
 	o := e.o
-	start := time.Now()
+	issued := e.takeIssued()
+	var start time.Time
 	for attempt := 0; ; attempt++ {
-		if err := e.id.resolveRoute(o.ResolveRouteTimeout); err != nil {
-			return e.fail("resolve route", ErrRouteResolution, err)
+		if !issued {
+			if err := e.issueResolveRoute(); err != nil {
+				return err
+			}
+		}
+		issued = false
+		if attempt == 0 {
+			start = e.issuedAt
 		}
 		ev, err := e.await(ctx, "resolve route", o.ResolveRouteTimeout+time.Second)
 		if err != nil {
@@ -162,6 +190,23 @@ func (e *endpoint) resolveRoute(ctx context.Context) error {
 			return e.failEvent("resolve route", ErrRouteResolution, ev)
 		}
 	}
+}
+
+// issueResolveRoute sends the route resolution request.
+func (e *endpoint) issueResolveRoute() error {
+	e.issuedAt = time.Now()
+	if err := e.id.resolveRoute(e.o.ResolveRouteTimeout); err != nil {
+		return e.fail("resolve route", ErrRouteResolution, err)
+	}
+	return nil
+}
+
+// takeIssued reports whether Connector.Start sent the request of the step
+// now being waited for, and forgets it: a retry sends its own.
+func (e *endpoint) takeIssued() bool {
+	issued := e.issued
+	e.issued = false
+	return issued
 }
 
 // checkMode refuses what the device cannot do: iWARP has neither UD nor
