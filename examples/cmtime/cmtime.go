@@ -165,9 +165,10 @@ type result struct {
 }
 
 // connectAll runs the C client's schedule: each step for every connection
-// before the next step. The local calls (create id, create qp, destroy)
-// run one connection after another in a loop; the steps that wait for the
-// network are started together, a goroutine per connection.
+// before the next step, from one goroutine. The local calls (create id,
+// create qp, destroy) run one connection after another in a loop; the
+// steps that wait for the network send every connection's request in a
+// loop, then wait for each answer in another.
 func connectAll(ctx context.Context, c config) (*result, error) {
 	dst := net.JoinHostPort(c.server, strconv.Itoa(c.port))
 	var src netip.Addr
@@ -220,22 +221,23 @@ func connectAll(ctx context.Context, c config) (*result, error) {
 		// one after another: its map needs no lock.
 		o.Trace = func(s rdmacm.Step, _ time.Time, d time.Duration) { n.d[s] += d }
 	}
-	r.run(rdmacm.StepCreateID, false, func(n *node) (err error) {
+	r.run(rdmacm.StepCreateID, func(n *node) (err error) {
 		n.c, err = rdmacm.NewConnector(dst, n.o)
 		return err
 	})
-	r.run(rdmacm.StepResolveAddr, true, func(n *node) error { return n.c.ResolveAddr(ctx) })
-	r.run(rdmacm.StepResolveRoute, true, func(n *node) error { return n.c.ResolveRoute(ctx) })
-	r.run(rdmacm.StepCreateQP, false, func(n *node) error { return n.c.CreateQP() })
+	r.startWait(rdmacm.StepResolveAddr, start(rdmacm.StepResolveAddr), func(n *node) error { return n.c.ResolveAddr(ctx) })
+	r.startWait(rdmacm.StepResolveRoute, start(rdmacm.StepResolveRoute), func(n *node) error { return n.c.ResolveRoute(ctx) })
+	r.run(rdmacm.StepCreateQP, func(n *node) error { return n.c.CreateQP() })
 	cqs.charge(r)
-	r.run(rdmacm.StepConnect, true, func(n *node) (err error) {
+	r.startWait(rdmacm.StepConnect, start(rdmacm.StepConnect), func(n *node) (err error) {
 		n.conn, err = n.c.Connect(ctx)
 		return err
 	})
-	r.run(rdmacm.StepDisconnect, true, func(n *node) error { return n.conn.Disconnect(ctx) })
+	r.startWait(rdmacm.StepDisconnect, func(n *node) error { return n.conn.StartDisconnect() },
+		func(n *node) error { return n.conn.Disconnect(ctx) })
 	// Close releases the QP, then the id: two rows, each the sum of the
 	// connections' times, as the loop takes them one after another.
-	r.run(-1, false, func(n *node) error { return n.conn.Close() })
+	r.run(-1, func(n *node) error { return n.conn.Close() })
 	r.within = append(r.within, rdmacm.StepDestroyQP, rdmacm.StepDestroyID)
 	// Every connection is closed by now, unless an interrupted iWARP dial
 	// still releases its QP in the background: then the CQs and the PD are
@@ -248,47 +250,40 @@ func connectAll(ctx context.Context, c config) (*result, error) {
 	return r, nil
 }
 
-// run takes every connection still going through step s, in a loop or
-// each on its own goroutine, and records the step's wall time (unless s is
-// negative). A connection that fails is released and drops out.
-func (r *result) run(s rdmacm.Step, concurrent bool, f func(*node) error) {
-	var mu sync.Mutex
-	take := func(n *node) {
-		err := f(n)
-		if err == nil {
-			return
-		}
-		n.failed = true
-		if n.c != nil {
-			n.c.Close()
-		}
-		if n.conn != nil {
-			n.conn.Close()
-		}
-		mu.Lock()
-		defer mu.Unlock()
-		r.failed++
-		if r.err == nil {
-			r.err = err
-		}
-	}
+// startWait runs network step s as C does: a loop that sends every
+// connection's request, then one that waits for each answer.
+func (r *result) startWait(s rdmacm.Step, send, wait func(*node) error) {
+	begin := time.Now()
+	r.run(-1, send)
+	r.run(-1, wait)
+	r.phases = append(r.phases, phase{s, time.Since(begin)})
+}
+
+// start sends a connection's request for step s (Connector.Start).
+func start(s rdmacm.Step) func(*node) error {
+	return func(n *node) error { return n.c.Start(s) }
+}
+
+// run takes every connection still going through step s in a loop, and
+// records the step's wall time (unless s is negative). A connection that
+// fails is released and drops out.
+func (r *result) run(s rdmacm.Step, f func(*node) error) {
 	start := time.Now()
-	if concurrent {
-		var wg sync.WaitGroup
-		for _, n := range r.nodes {
-			if !n.failed {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					take(n)
-				}()
-			}
+	for _, n := range r.nodes {
+		if n.failed {
+			continue
 		}
-		wg.Wait()
-	} else {
-		for _, n := range r.nodes {
-			if !n.failed {
-				take(n)
+		if err := f(n); err != nil {
+			n.failed = true
+			if n.c != nil {
+				n.c.Close()
+			}
+			if n.conn != nil {
+				n.conn.Close()
+			}
+			r.failed++
+			if r.err == nil {
+				r.err = err
 			}
 		}
 	}

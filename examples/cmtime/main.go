@@ -10,8 +10,9 @@
 // before any starts the next (create id, resolve address, resolve route,
 // create QP, connect, disconnect, destroy), with rdmacm.Connector's
 // step-wise dial and Conn.Disconnect: the local calls (create id, create
-// QP, destroy) in a loop, the steps that wait for the network started
-// together, a goroutine per connection. Each row is the wall time of one
+// QP, destroy) in a loop; the address, route, connect and disconnect
+// requests sent in one loop (Connector.Start, Conn.StartDisconnect) and
+// their answers awaited in another. Each row is the wall time of one
 // step for all connections. Destroy has two rows: "destroy qp" (QP, memory
 // and CQs) and "destroy id", each the sum of the connections' times, as one
 // Close per connection does both. The C client's "destroy" is
