@@ -240,6 +240,7 @@ func (e *endpoint) connect(ctx context.Context) (*Conn, error) {
 	if err != nil {
 		return nil, err
 	}
+	e.connecting = false
 	peerData, peerMTU := decodePrivateData(ev.PrivateData, o.RawPrivateData)
 	switch ev.Type {
 	case EventEstablished:
