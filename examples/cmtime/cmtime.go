@@ -225,11 +225,11 @@ func connectAll(ctx context.Context, c config) (*result, error) {
 		n.c, err = rdmacm.NewConnector(dst, n.o)
 		return err
 	})
-	r.startWait(rdmacm.StepResolveAddr, start(rdmacm.StepResolveAddr), func(n *node) error { return n.c.ResolveAddr(ctx) })
-	r.startWait(rdmacm.StepResolveRoute, start(rdmacm.StepResolveRoute), func(n *node) error { return n.c.ResolveRoute(ctx) })
+	r.startWait(rdmacm.StepResolveAddr, startStep(rdmacm.StepResolveAddr), func(n *node) error { return n.c.ResolveAddr(ctx) })
+	r.startWait(rdmacm.StepResolveRoute, startStep(rdmacm.StepResolveRoute), func(n *node) error { return n.c.ResolveRoute(ctx) })
 	r.run(rdmacm.StepCreateQP, func(n *node) error { return n.c.CreateQP() })
 	cqs.charge(r)
-	r.startWait(rdmacm.StepConnect, start(rdmacm.StepConnect), func(n *node) (err error) {
+	r.startWait(rdmacm.StepConnect, startStep(rdmacm.StepConnect), func(n *node) (err error) {
 		n.conn, err = n.c.Connect(ctx)
 		return err
 	})
@@ -259,8 +259,8 @@ func (r *result) startWait(s rdmacm.Step, send, wait func(*node) error) {
 	r.phases = append(r.phases, phase{s, time.Since(begin)})
 }
 
-// start sends a connection's request for step s (Connector.Start).
-func start(s rdmacm.Step) func(*node) error {
+// startStep sends a connection's request for step s (Connector.Start).
+func startStep(s rdmacm.Step) func(*node) error {
 	return func(n *node) error { return n.c.Start(s) }
 }
 
