@@ -92,24 +92,38 @@ func TestConnectorOrder(t *testing.T) {
 }
 
 // A failed step ends the dial: later steps return that failure, and Close
-// releases everything.
+// releases everything. A refused connect fails in Connect; when Start sent
+// it, in Start on iWARP (whose connect opens its TCP stream at once) and
+// still in Connect on RoCE.
 func TestConnectorFailureSticks(t *testing.T) {
 	forEachDevice(t, func(t *testing.T, d device) {
-		checkNoLeaks(t)
-		ctx := ctxFor(t, 20*time.Second)
-		c, err := rdmacm.NewConnector(d.at(port()), nil) // nobody listens there
-		require.NoError(t, err)
-		require.NoError(t, c.ResolveAddr(ctx))
-		require.NoError(t, c.ResolveRoute(ctx))
-		require.NoError(t, c.CreateQP())
-		_, err = c.Connect(ctx)
-		require.ErrorIs(t, err, rdmacm.ErrRejected)
-		_, again := c.Connect(ctx)
-		assert.Same(t, err, again)
-		var oe *rdmacm.OpError
-		require.True(t, errors.As(err, &oe))
-		assert.Equal(t, d.name, oe.Device)
-		assert.NoError(t, c.Close())
+		for _, started := range []bool{false, true} {
+			t.Run(map[bool]string{false: "waited", true: "started"}[started], func(t *testing.T) {
+				checkNoLeaks(t)
+				ctx := ctxFor(t, 20*time.Second)
+				c, err := rdmacm.NewConnector(d.at(port()), nil) // nobody listens there
+				require.NoError(t, err)
+				require.NoError(t, c.ResolveAddr(ctx))
+				require.NoError(t, c.ResolveRoute(ctx))
+				require.NoError(t, c.CreateQP())
+				switch {
+				case !started:
+					_, err = c.Connect(ctx)
+				case d.iwarp:
+					err = c.Start(rdmacm.StepConnect)
+				default:
+					require.NoError(t, c.Start(rdmacm.StepConnect))
+					_, err = c.Connect(ctx)
+				}
+				require.ErrorIs(t, err, rdmacm.ErrRejected)
+				_, again := c.Connect(ctx)
+				assert.Same(t, err, again, "the failure sticks")
+				var oe *rdmacm.OpError
+				require.True(t, errors.As(err, &oe))
+				assert.Equal(t, d.name, oe.Device)
+				assert.NoError(t, c.Close())
+			})
+		}
 	})
 }
 
@@ -225,30 +239,5 @@ func TestConnectorStartRefused(t *testing.T) {
 		require.NoError(t, c.Start(rdmacm.StepResolveRoute))
 		assert.NoError(t, c.Close(), "with a route request out")
 		assert.ErrorIs(t, c.Start(rdmacm.StepResolveRoute), rdmacm.ErrClosed)
-	})
-}
-
-// A refused connect ends the dial whether the refusal comes with Start (an
-// iWARP connect opens its TCP stream at once) or while Connect waits (RoCE).
-func TestConnectorStartRefusedConnect(t *testing.T) {
-	forEachDevice(t, func(t *testing.T, d device) {
-		checkNoLeaks(t)
-		ctx := ctxFor(t, 20*time.Second)
-		c, err := rdmacm.NewConnector(d.at(port()), nil) // nobody listens there
-		require.NoError(t, err)
-		require.NoError(t, c.ResolveAddr(ctx))
-		require.NoError(t, c.ResolveRoute(ctx))
-		require.NoError(t, c.CreateQP())
-		err = c.Start(rdmacm.StepConnect)
-		if d.iwarp {
-			require.ErrorIs(t, err, rdmacm.ErrRejected)
-		} else {
-			require.NoError(t, err)
-			_, err = c.Connect(ctx)
-			require.ErrorIs(t, err, rdmacm.ErrRejected)
-		}
-		_, again := c.Connect(ctx)
-		assert.Same(t, err, again, "the failure sticks")
-		assert.NoError(t, c.Close())
 	})
 }
