@@ -229,9 +229,9 @@ func (c *Conn) opError(op string, kind, err error) *OpError {
 // did) and waits until the CM reports the end, up to CloseTimeout or ctx.
 // The QP is then in the error state, its posted work requests flushed, and
 // Done is closed. It returns nil if the connection had ended already.
-// Close, which disconnects too, is still needed. A UD connection, or one made by ConnectOverTCP, has no
-// CM connection to end: Disconnect just ends it here (ConnectOverTCP's by
-// closing its socket).
+// Close, which disconnects too, is still needed. A UD connection, or one
+// made by ConnectOverTCP, has no CM connection to end: Disconnect just
+// ends it here (ConnectOverTCP's by closing its socket).
 func (c *Conn) Disconnect(ctx context.Context) error {
 	c.disconnectOnce.Do(func() { c.disconnectErr = c.disconnect(ctx) })
 	return c.disconnectErr
