@@ -15,8 +15,9 @@
 // their answers awaited in another. Each row is the wall time of one
 // step for all connections. Destroy has two rows: "destroy qp" (QP, memory
 // and CQs) and "destroy id", each the sum of the connections' times, as one
-// Close per connection does both. The C client's "destroy" is
-// rdma_destroy_id alone; it leaves its QPs to the end of the process.
+// Close per connection does both. The C client destroys each QP right
+// after its rdma_disconnect, inside its "disconnect" row, and its
+// "destroy" is rdma_destroy_id alone.
 // All connections share one PD (Options.PD), as the C client's QPs share
 // librdmacm's PD of the device; it is allocated before the clock starts.
 // With -q the QPs are moved by rdmago's manual mode: the INIT, RTR and RTS

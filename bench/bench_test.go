@@ -1,0 +1,58 @@
+package main
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// Tables as C cmtime (rdma-core 44) and ours print them, trimmed.
+const (
+	cTable = `step              total ms     max ms     min us  us / conn
+create id    :        4.00       0.10      30.00      40.00
+bind addr    :        0.50       0.01       4.00       5.00
+resolve addr :       23.00       1.00     200.00     230.00
+resolve route:       13.00       0.50     100.00     130.00
+create qp    :       63.00       1.00     500.00     630.00
+connect      :      504.00      50.00    4000.00    5040.00
+disconnect   :      258.00      25.00    2000.00    2580.00
+destroy      :        5.00       0.10      40.00      50.00
+`
+	goTable = `step              total ms     max ms     min us  us / conn
+create id    :       10.00       0.20      90.00     100.00
+resolve addr :       20.00       1.00     180.00     200.00
+resolve route:       29.00       1.00     250.00     290.00
+create qp    :      104.00       2.00     900.00    1040.00
+connect      :      700.00      70.00    6000.00    7000.00
+disconnect   :      326.00      30.00    3000.00    3260.00
+destroy qp   :       68.00       1.00     600.00     680.00
+destroy id   :       17.00       0.50     150.00     170.00
+go process: 10 OS threads created, peak RSS 25000 kB
+`
+)
+
+func TestStepRowsComparesTheSameWork(t *testing.T) {
+	c, err := stepRows(cTable, false)
+	require.NoError(t, err)
+	g, err := stepRows(goTable, true)
+	require.NoError(t, err)
+
+	// C destroys each QP inside its disconnect step; ours is timed apart
+	// and counts with our disconnect.
+	assert.InDelta(t, 2580.0, c["disconnect, destroy qp"], 1e-9)
+	assert.InDelta(t, 3260.0+680.0, g["disconnect, destroy qp"], 1e-9)
+	assert.InDelta(t, 50.0, c["destroy id"], 1e-9, "C's destroy is rdma_destroy_id alone")
+	assert.InDelta(t, 170.0, g["destroy id"], 1e-9)
+
+	// The totals hold every step both tools time, and only those: C's bind
+	// row has no counterpart in ours.
+	assert.InDelta(t, 40.0+230+130+630+5040+2580+50, c["total"], 1e-9)
+	assert.InDelta(t, 100.0+200+290+1040+7000+3260+680+170, g["total"], 1e-9)
+}
+
+func TestStepRowsNamesAMissingRow(t *testing.T) {
+	_, err := stepRows("destroy id   :       17.00       0.50     150.00     170.00\n", true)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), `no "create id" row`)
+}
