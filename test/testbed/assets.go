@@ -122,7 +122,9 @@ func chooseAccel(ctx context.Context, o Options, a *Assets) (string, error) {
 // probeKVM boots the guest kernel under KVM without a stage two: a working KVM
 // reaches the initramfs, which complains and powers off, within seconds. Some
 // hosts expose /dev/kvm and yet stop the guest kernel early (a KVM "emulation
-// failure", after which qemu waits, as if hung); they get emulation.
+// failure", after which qemu waits, as if hung); they get emulation. One
+// such is kvm-pvm in native mode, which emulates a non-PVM guest kernel's
+// privileged code: far slower than TCG even before it fails.
 func probeKVM(ctx context.Context, o Options, a *Assets) bool {
 	o.logf("probing whether KVM runs the guest kernel here (once per cache)")
 	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
