@@ -56,3 +56,12 @@ func TestStepRowsNamesAMissingRow(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), `no "create id" row`)
 }
+
+func TestByRoundPairsEachRoundsFigures(t *testing.T) {
+	// Rounds pair by index: round 2's Go figure is over round 2's C figure,
+	// not over C's median or its sorted order.
+	c := []float64{100, 50, 200}
+	g := []float64{110, 100, 180}
+	assert.Equal(t, "0.90 1.10 2.00", byRound(c, g))
+	assert.Equal(t, "(2 C rounds, 1 Go rounds)", byRound([]float64{1, 2}, []float64{1}))
+}

@@ -22,7 +22,7 @@ import (
 func main() {
 	bin := flag.String("bin", "bin", "directory of the built examples (cmtime, pingpong) and rdmacm.test")
 	out := flag.String("out", "bench/results.md", "where to write the report")
-	rounds := flag.Int("rounds", 3, "rounds per measurement (the median is reported)")
+	rounds := flag.Int("rounds", 5, "rounds per measurement (the median is reported)")
 	flag.Parse()
 	if err := benchmark(*bin, *out, *rounds); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
