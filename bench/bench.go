@@ -483,8 +483,7 @@ func (b *bench) pingpong(ctx context.Context, addr netip.AddrPort, args ...strin
 	}
 	out, err := run(ctx, append([]string{filepath.Join(b.bin, "pingpong"), "-connect", addr.String(), "-json"}, args...)...)
 	if err != nil {
-		srv.stop()
-		return r, err
+		return r, fmt.Errorf("%w\nthe server printed: %s", err, srv.stop())
 	}
 	if _, err := srv.wait(); err != nil {
 		return r, fmt.Errorf("pingpong server: %w", err)

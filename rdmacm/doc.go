@@ -63,7 +63,9 @@
 //
 // # iWARP
 //
-// On iWARP the dialing side must send the first message, there is no UD and
+// On iWARP the dialing side must send the first message (MPA): one the
+// accepting side sends first can reach the dialer with the MPA reply, and
+// siw then fails the dial with CONNECT_ERROR, status -22. There is no UD and
 // no multicast, a reject arrives as status -104 (an MPA reject) and a missing
 // listener as -111. Destroying an id whose connect is still pending waits
 // for the MPA exchange in the kernel; a cancelled dial therefore returns at

@@ -241,6 +241,20 @@ func hintFor(ev EventType, status int) string {
 	return ""
 }
 
+// eventHint is hintFor told the transport and whether this side dialed.
+func eventHint(ev EventType, status int, iwarp, dialing bool) string {
+	if iwarp && dialing && ev == EventConnectError {
+		return iwarpConnectErrorHint
+	}
+	return hintFor(ev, status)
+}
+
+// iwarpConnectErrorHint explains a dialer's CONNECT_ERROR on iWARP: siw
+// reports every failure to take the peer's MPA reply as status -22, and the
+// one an application causes is a peer that sent before the dialer did.
+const iwarpConnectErrorHint = "iWARP: the peer's MPA reply could not be taken; most often the accepting side sent a " +
+	"message before this side's first one (on iWARP the dialing side must send first), else the IRD/ORD did not fit"
+
 // deterministic ADDR_ERROR and ROUTE_ERROR statuses, which a retry cannot change.
 func retryable(status int) bool {
 	switch -status {

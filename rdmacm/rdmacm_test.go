@@ -171,6 +171,14 @@ func TestErrors(t *testing.T) {
 	assert.Contains(t, hintFor(EventAddrError, -19), "not on an RDMA netdev")
 }
 
+func TestConnectErrorHintNamesIWARPsFirstMessageRule(t *testing.T) {
+	dialer := eventHint(EventConnectError, -22, true, true)
+	assert.Contains(t, dialer, "dialing side must send first")
+	assert.Equal(t, hintFor(EventConnectError, -22), eventHint(EventConnectError, -22, false, true), "RoCE has no such rule")
+	assert.Equal(t, hintFor(EventConnectError, -22), eventHint(EventConnectError, -22, true, false))
+	assert.Equal(t, hintFor(EventRejected, -104), eventHint(EventRejected, -104, true, true))
+}
+
 func TestRetryable(t *testing.T) {
 	assert.True(t, retryable(-int(syscall.ETIMEDOUT)))
 	assert.False(t, retryable(-int(syscall.ENODEV)))

@@ -50,7 +50,7 @@ func (e *endpoint) failEvent(step string, kind error, ev *event) *OpError {
 		cause = syscall.Errno(-ev.Status)
 	}
 	oe := e.fail(step, kind, cause)
-	oe.Event, oe.Status, oe.Hint = ev.Type.String(), ev.Status, hintFor(ev.Type, ev.Status)
+	oe.Event, oe.Status, oe.Hint = ev.Type.String(), ev.Status, eventHint(ev.Type, ev.Status, e.iwarp, e.op == "dial")
 	return oe
 }
 

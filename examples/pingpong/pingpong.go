@@ -219,16 +219,15 @@ func serverOptions() (*rdmacm.Options, *serverMemory) {
 	}}, mem
 }
 
-// echo sends the client the window, then returns each message it receives
-// from the slot it landed in, busy-polling as perftest does, until an
-// empty message says goodbye.
+// echo answers the client's hello with the window, then returns each
+// message it receives from the slot it landed in, busy-polling as perftest
+// does, until an empty message says goodbye.
+//
+// The client speaks first because iWARP requires it (MPA): a message the
+// server sent first can reach the client together with the MPA reply, and
+// siw then fails the client's connect (CONNECT_ERROR, status -22).
 func echo(ctx context.Context, conn *rdmacm.Conn, mem *serverMemory) error {
 	defer conn.Close()
-	window := mem.window
-	copy(window.Bytes(), rdmacm.RemoteBufferOf(window, 0, maxMsg).Marshal())
-	if err := conn.Send(ctx, window, 0, rdmacm.RemoteBufferSize); err != nil {
-		return err
-	}
 	// The idle wait ends with the connection.
 	idle, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -240,6 +239,18 @@ func echo(ctx context.Context, conn *rdmacm.Conn, mem *serverMemory) error {
 		}
 	}()
 	p := poller{conn: conn, idle: idle}
+	hello, err := p.next(ctx, conn.RecvCQ)
+	if err != nil {
+		return fmt.Errorf("waiting for the client's hello: %w", err)
+	}
+	if err := mem.recv.repost(conn.QP, hello); err != nil {
+		return err
+	}
+	window := mem.window
+	copy(window.Bytes(), rdmacm.RemoteBufferOf(window, 0, maxMsg).Marshal())
+	if err := conn.Send(ctx, window, 0, rdmacm.RemoteBufferSize); err != nil {
+		return err
+	}
 	for {
 		wc, err := p.next(ctx, conn.RecvCQ)
 		if err != nil {
@@ -374,7 +385,7 @@ func dialAndMeasure(ctx context.Context, c config, addr string) (*results, error
 	var recv *receives
 	opts := &rdmacm.Options{Cap: capacity(), BeforeConnect: func(conn *rdmacm.Conn) error {
 		var err error
-		recv, err = postReceives(conn) // the first takes the server's window
+		recv, err = postReceives(conn) // the first takes the server's window, the answer to our hello
 		return err
 	}}
 	start := time.Now()
@@ -390,6 +401,10 @@ func dialAndMeasure(ctx context.Context, c config, addr string) (*results, error
 		return nil, err
 	}
 	p := poller{conn: conn}
+	// The hello: on iWARP the dialing side must send first (see echo).
+	if err := p.send(ctx, send, 0, 1); err != nil {
+		return nil, fmt.Errorf("saying hello: %w", err)
+	}
 	wc, err := p.next(ctx, conn.RecvCQ)
 	if err != nil {
 		return nil, fmt.Errorf("waiting for the server's window: %w", err)

@@ -8,12 +8,15 @@ import (
 	"net/netip"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/rdmago/rdmago/examples/internal/interop"
+	"github.com/rdmago/rdmago/rdmacm"
 	"github.com/rdmago/rdmago/test/testbed"
+	"github.com/rdmago/rdmago/verbs"
 )
 
 func TestDemoOnEachDevice(t *testing.T) {
@@ -55,6 +58,48 @@ func TestListenConnectJSON(t *testing.T) {
 	}
 	assert.Greater(t, r.MBps, 0.0)
 	assert.Equal(t, 4096, r.BWSize)
+}
+
+// On iWARP the dialing side must send first: a server message that reaches
+// the client with the MPA reply fails its connect on siw. So the server
+// sends nothing until the client's hello, and answers it with its window.
+func TestServerWaitsForTheClientToSpeakFirst(t *testing.T) {
+	ctx := interop.Begin(t)
+	addr := interop.Addr(t, "siw0")
+	srv := interop.Go(func() error { return run(ctx, []string{"-listen", addr.String()}, &bytes.Buffer{}) })
+	srv.WaitListening(t, ctx, addr)
+
+	var recv *receives
+	conn, err := rdmacm.Dial(ctx, addr.String(), &rdmacm.Options{Cap: capacity(), BeforeConnect: func(c *rdmacm.Conn) error {
+		var err error
+		recv, err = postReceives(c)
+		return err
+	}})
+	require.NoError(t, err)
+	defer conn.Close()
+	send, err := conn.RegisterMemory(maxMsg, verbs.AccessLocalWrite)
+	require.NoError(t, err)
+
+	wc := make([]verbs.WorkCompletion, 1)
+	for deadline := time.Now().Add(500 * time.Millisecond); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		n, err := conn.RecvCQ.Poll(wc)
+		require.NoError(t, err)
+		require.Zero(t, n, "the server sent before the client's first message")
+	}
+
+	p := poller{conn: conn}
+	require.NoError(t, p.send(ctx, send, 0, 1))
+	got, err := p.next(ctx, conn.RecvCQ)
+	require.NoError(t, err)
+	window, err := rdmacm.ParseRemoteBuffer(recv.slot(got))
+	require.NoError(t, err, "the answer to the hello is the server's window")
+	assert.EqualValues(t, maxMsg, window.Len)
+
+	require.NoError(t, p.send(ctx, send, 0, 0)) // goodbye, echoed
+	_, err = p.next(ctx, conn.RecvCQ)
+	require.NoError(t, err)
+	require.NoError(t, conn.Close())
+	require.NoError(t, srv.Wait())
 }
 
 func TestNothingListening(t *testing.T) {
