@@ -216,8 +216,9 @@ func rejectMeaning(status int) string {
 }
 
 // hintFor says what usually causes a failing event, from the field notes
-// the library is built on.
-func hintFor(ev EventType, status int) string {
+// the library is built on. iwarpDialer says the event came to the dialing
+// side of an iWARP connection, whose CONNECT_ERROR has a cause of its own.
+func hintFor(ev EventType, status int, iwarpDialer bool) string {
 	switch ev {
 	case EventAddrError:
 		switch status {
@@ -234,19 +235,14 @@ func hintFor(ev EventType, status int) string {
 	case EventUnreachable:
 		return "the CM's messages timed out: the peer is gone, unreachable, or never completed the handshake"
 	case EventConnectError:
+		if iwarpDialer {
+			return iwarpConnectErrorHint
+		}
 		return "librdmacm could not move the QP on the peer's reply, or the transport failed"
 	case EventRejected:
 		return rejectMeaning(status)
 	}
 	return ""
-}
-
-// eventHint is hintFor told the transport and whether this side dialed.
-func eventHint(ev EventType, status int, iwarp, dialing bool) string {
-	if iwarp && dialing && ev == EventConnectError {
-		return iwarpConnectErrorHint
-	}
-	return hintFor(ev, status)
 }
 
 // iwarpConnectErrorHint explains a dialer's CONNECT_ERROR on iWARP: siw

@@ -50,7 +50,7 @@ func (e *endpoint) failEvent(step string, kind error, ev *event) *OpError {
 		cause = syscall.Errno(-ev.Status)
 	}
 	oe := e.fail(step, kind, cause)
-	oe.Event, oe.Status, oe.Hint = ev.Type.String(), ev.Status, eventHint(ev.Type, ev.Status, e.iwarp, e.op == "dial")
+	oe.Event, oe.Status, oe.Hint = ev.Type.String(), ev.Status, hintFor(ev.Type, ev.Status, e.iwarp && e.op == "dial")
 	return oe
 }
 
@@ -156,7 +156,7 @@ func (e *endpoint) issueResolveAddr(src netip.Addr) error {
 	e.issuedAt = time.Now()
 	if err := e.id.resolveAddr(src, e.remote, e.o.ResolveAddrTimeout); err != nil {
 		oe := e.fail("resolve address", ErrAddrResolution, err)
-		oe.Hint = hintFor(EventAddrError, -int(errnoOf(err).(syscall.Errno)))
+		oe.Hint = hintFor(EventAddrError, -int(errnoOf(err).(syscall.Errno)), false)
 		return oe
 	}
 	return nil
