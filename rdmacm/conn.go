@@ -1,5 +1,3 @@
-//go:build linux && cgo
-
 package rdmacm
 
 import (
@@ -186,7 +184,9 @@ func (c *Conn) Err() error {
 func (c *Conn) end(kind error, ev *event) {
 	c.doneOnce.Do(func() {
 		e := c.opError("connection", kind, nil)
-		if ev != nil {
+		if ev != nil && ev.Type == eventChannelFailed {
+			e.Err = ev.err
+		} else if ev != nil {
 			e.Event, e.Status = ev.Type.String(), ev.Status
 		}
 		c.err = e
@@ -215,6 +215,8 @@ func (c *Conn) onEvent(ev *event) {
 		c.end(ErrDeviceRemoved, ev)
 	case EventAddrChange:
 		c.end(ErrAddrChanged, ev)
+	case eventChannelFailed:
+		c.end(ErrEventChannel, ev)
 	}
 }
 

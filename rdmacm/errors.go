@@ -34,6 +34,9 @@ var (
 	ErrSharedCQ = errors.New("the connection's CQ is shared")
 	// ErrClosed: the Conn or Listener was closed.
 	ErrClosed = errors.New("use of closed RDMA connection or listener")
+	// ErrEventChannel: the process's rdma_cm event channel failed, so no
+	// CM event can arrive; ids made afterwards use a new channel.
+	ErrEventChannel = errors.New("rdma_cm event channel failed")
 	// ErrNoCgo: the binary was built without cgo, so librdmacm is unavailable.
 	ErrNoCgo = errors.New("rdmacm: built without cgo; librdmacm needs cgo")
 )

@@ -32,6 +32,9 @@ var eventNames = [...]string{
 }
 
 func (e EventType) String() string {
+	if e == eventChannelFailed {
+		return "event channel failed"
+	}
 	if e >= 0 && int(e) < len(eventNames) {
 		return eventNames[e]
 	}

@@ -1,5 +1,3 @@
-//go:build linux && cgo
-
 package rdmacm
 
 import (
@@ -112,6 +110,8 @@ func (l *Listener) Request(ctx context.Context) (*ConnRequest, error) {
 		return r, nil
 	case <-l.closed:
 		return nil, &OpError{Op: "accept", Local: l.addr, Err: ErrClosed}
+	case <-l.id.ch.failed:
+		return nil, &OpError{Op: "accept", Local: l.addr, Kind: ErrEventChannel, Err: l.id.ch.failure()}
 	case <-ctx.Done():
 		return nil, &OpError{Op: "accept", Local: l.addr, Err: ctx.Err()}
 	}

@@ -1,5 +1,3 @@
-//go:build linux && cgo
-
 package rdmacm
 
 import (
@@ -11,10 +9,28 @@ import (
 	"strings"
 	"syscall"
 	"time"
-	"unsafe"
 
+	"github.com/rdmago/rdmago/internal/vbridge"
 	"github.com/rdmago/rdmago/verbs"
 )
+
+// contextKey identifies a device's context (0 if closed): librdmacm makes
+// QPs only on its own contexts.
+func contextKey(d *verbs.Device) uintptr {
+	if c := vbridge.Context(d); c != nil {
+		return c.Key()
+	}
+	return 0
+}
+
+// errnoOf is err's errno, EIO if it has none.
+func errnoOf(err error) syscall.Errno {
+	var en syscall.Errno
+	if errors.As(err, &en) && en != 0 {
+		return en
+	}
+	return syscall.EIO
+}
 
 // endpoint is one side of a connection while it is being set up.
 type endpoint struct {
@@ -156,7 +172,7 @@ func (e *endpoint) issueResolveAddr(src netip.Addr) error {
 	e.issuedAt = time.Now()
 	if err := e.id.resolveAddr(src, e.remote, e.o.ResolveAddrTimeout); err != nil {
 		oe := e.fail("resolve address", ErrAddrResolution, err)
-		oe.Hint = hintFor(EventAddrError, -int(errnoOf(err).(syscall.Errno)), false)
+		oe.Hint = hintFor(EventAddrError, -int(errnoOf(err)), false)
 		return oe
 	}
 	return nil
@@ -246,7 +262,7 @@ func (e *endpoint) prepare() error {
 		}
 	}
 	for _, s := range o.shared() {
-		if why, hint := s.mismatch(dev.Info.Name, dev.CPointer()); why != "" {
+		if why, hint := s.mismatch(dev.Info.Name, contextKey(dev)); why != "" {
 			oe := e.fail("use Options."+s.field, nil, errors.New(why))
 			oe.Hint = hint
 			return oe
@@ -301,23 +317,23 @@ type sharedObject struct {
 func (o *Options) shared() []sharedObject {
 	var s []sharedObject
 	if o.PD != nil {
-		s = append(s, sharedObject{"PD", "PD", "allocate", "connection and MR", o.PD.CPointer() == nil, o.PD.Device()})
+		s = append(s, sharedObject{"PD", "PD", "allocate", "connection and MR", vbridge.PD(o.PD) == nil, o.PD.Device()})
 	}
 	for _, cq := range []struct {
 		field string
 		cq    *verbs.CQ
 	}{{"SendCQ", o.SendCQ}, {"RecvCQ", o.RecvCQ}} {
 		if cq.cq != nil {
-			s = append(s, sharedObject{cq.field, "CQ", "create", "connection", cq.cq.CPointer() == nil, cq.cq.Device()})
+			s = append(s, sharedObject{cq.field, "CQ", "create", "connection", vbridge.CQ(cq.cq) == nil, cq.cq.Device()})
 		}
 	}
 	return s
 }
 
 // mismatch says why the object cannot serve a connection through device
-// dev, and what to do; it says nothing if it can. ctx, unless nil, is the
+// dev, and what to do; it says nothing if it can. ctx, unless 0, is the
 // device context the QP will be created on, which must be the object's own.
-func (s sharedObject) mismatch(dev string, ctx unsafe.Pointer) (why, hint string) {
+func (s sharedObject) mismatch(dev string, ctx uintptr) (why, hint string) {
 	switch d := s.owner; {
 	case s.closed || d == nil:
 		return fmt.Sprintf("Options.%s is closed", s.field),
@@ -325,7 +341,7 @@ func (s sharedObject) mismatch(dev string, ctx unsafe.Pointer) (why, hint string
 	case d.Info.Name != dev:
 		return fmt.Sprintf("Options.%s belongs to %s, but the connection goes through %s", s.field, d.Info.Name, dev),
 			fmt.Sprintf("use a %s per device, this one %sd on rdmacm.OpenDevice(%q)", s.noun, s.verb, dev)
-	case ctx != nil && d.CPointer() != ctx:
+	case ctx != 0 && contextKey(d) != ctx:
 		return fmt.Sprintf("Options.%s was %sd on a context of %s other than librdmacm's", s.field, s.verb, dev),
 			fmt.Sprintf("librdmacm creates the QP on its own context (a context from verbs.Open is another one): "+
 				"%s the %s on rdmacm.OpenDevice(%q)", s.verb, s.noun, dev)

@@ -1,5 +1,3 @@
-//go:build linux && cgo
-
 package rdmacm
 
 import (
@@ -102,12 +100,12 @@ func connectOverTCP(ctx context.Context, tcp net.Conn, o *Options, path *resolve
 	// the CQs share it. The PD comes first in o.shared(): once it passed,
 	// its device is there to compare the CQs' with.
 	for _, s := range o.shared() {
-		if why, hint := s.mismatch(path.Device, nil); why != "" {
+		if why, hint := s.mismatch(path.Device, 0); why != "" {
 			oe := where("use Options."+s.field, errors.New(why))
 			oe.Hint = hint
 			return nil, nil, oe
 		}
-		if o.PD != nil && s.owner.CPointer() != o.PD.Device().CPointer() {
+		if o.PD != nil && contextKey(s.owner) != contextKey(o.PD.Device()) {
 			oe := where("use Options."+s.field, fmt.Errorf("the CQ in Options.%s and the PD in Options.PD were made on different contexts of %s", s.field, path.Device))
 			oe.Hint = "create the CQs on the PD's device (PD.Device)"
 			return nil, nil, oe

@@ -1,0 +1,443 @@
+//go:build linux && cgo
+
+package cma
+
+/*
+#cgo LDFLAGS: -lrdmacm -libverbs
+#include <errno.h>
+#include <string.h>
+#include <stdlib.h>
+#include <netinet/in.h>
+#include <rdma/rdma_cma.h>
+
+_Static_assert(RDMA_OPTION_ID_TOS == 0 && RDMA_OPTION_ID_REUSEADDR == 1 && RDMA_OPTION_ID_AFONLY == 2 &&
+	RDMA_OPTION_ID_ACK_TIMEOUT == 3, "rdma_set_option names");
+
+// One event, copied out of librdmacm so that it can be acked at once: an
+// event left unacked makes rdma_destroy_id wait forever.
+struct rdmago_event {
+	struct rdma_cm_id *id;
+	uint64_t token; // the id's context; for a connect request, the listener's
+	int type, status, ud;
+	uint8_t pdata[256];
+	int pdata_len;
+	uint8_t responder_resources, initiator_depth, flow_control, retry_count, rnr_retry_count, srq;
+	uint32_t qp_num, qkey;
+	struct ibv_ah_attr ah_attr;
+};
+
+// rdmago_get_event fetches, copies and acks one event. The channel fd is
+// non-blocking: -1 with errno EAGAIN means none is queued.
+static int rdmago_get_event(struct rdma_event_channel *ch, struct rdmago_event *out) {
+	struct rdma_cm_event *ev;
+	if (rdma_get_cm_event(ch, &ev))
+		return -1;
+	memset(out, 0, sizeof(*out));
+	out->id = ev->id;
+	struct rdma_cm_id *owner = ev->event == RDMA_CM_EVENT_CONNECT_REQUEST && ev->listen_id ? ev->listen_id : ev->id;
+	out->token = (uint64_t)(uintptr_t)owner->context;
+	out->type = ev->event;
+	out->status = ev->status;
+	out->ud = ev->id->ps == RDMA_PS_UDP || ev->id->ps == RDMA_PS_IPOIB;
+	const void *pd;
+	int n;
+	if (out->ud) {
+		pd = ev->param.ud.private_data;
+		n = ev->param.ud.private_data_len;
+		out->ah_attr = ev->param.ud.ah_attr;
+		out->qp_num = ev->param.ud.qp_num;
+		out->qkey = ev->param.ud.qkey;
+	} else {
+		struct rdma_conn_param *c = &ev->param.conn;
+		pd = c->private_data;
+		n = c->private_data_len;
+		out->responder_resources = c->responder_resources;
+		out->initiator_depth = c->initiator_depth;
+		out->flow_control = c->flow_control;
+		out->retry_count = c->retry_count;
+		out->rnr_retry_count = c->rnr_retry_count;
+		out->srq = c->srq;
+		out->qp_num = c->qp_num;
+	}
+	if (pd && n > 0) {
+		if (n > (int)sizeof(out->pdata))
+			n = sizeof(out->pdata);
+		out->pdata_len = n;
+		memcpy(out->pdata, pd, n);
+	}
+	rdma_ack_cm_event(ev);
+	return 0;
+}
+
+// An id's context is the token that routes its events; librdmacm never
+// dereferences it.
+static int rdmago_create_id(struct rdma_event_channel *ch, struct rdma_cm_id **id, uint64_t token,
+		enum rdma_port_space ps) {
+	return rdma_create_id(ch, id, (void *)(uintptr_t)token, ps);
+}
+
+static void rdmago_set_token(struct rdma_cm_id *id, uint64_t token) { id->context = (void *)(uintptr_t)token; }
+
+static void rdmago_sockaddr(struct sockaddr_storage *ss, int v6, const uint8_t *ip, uint16_t port, uint32_t scope) {
+	memset(ss, 0, sizeof(*ss));
+	if (v6) {
+		struct sockaddr_in6 *s = (struct sockaddr_in6 *)ss;
+		s->sin6_family = AF_INET6;
+		s->sin6_port = htons(port);
+		s->sin6_scope_id = scope;
+		memcpy(&s->sin6_addr, ip, 16);
+	} else {
+		struct sockaddr_in *s = (struct sockaddr_in *)ss;
+		s->sin_family = AF_INET;
+		s->sin_port = htons(port);
+		memcpy(&s->sin_addr, ip, 4);
+	}
+}
+
+// rdmago_addr reads a sockaddr: 4 or 16 address bytes, or 0 if unset.
+static int rdmago_addr(const struct sockaddr *sa, uint8_t *ip, uint16_t *port, uint32_t *scope) {
+	if (sa->sa_family == AF_INET) {
+		const struct sockaddr_in *s = (const struct sockaddr_in *)sa;
+		memcpy(ip, &s->sin_addr, 4);
+		*port = ntohs(s->sin_port);
+		return 4;
+	}
+	if (sa->sa_family == AF_INET6) {
+		const struct sockaddr_in6 *s = (const struct sockaddr_in6 *)sa;
+		memcpy(ip, &s->sin6_addr, 16);
+		*port = ntohs(s->sin6_port);
+		*scope = s->sin6_scope_id;
+		return 16;
+	}
+	return 0;
+}
+
+static const struct sockaddr *rdmago_local(struct rdma_cm_id *id) { return rdma_get_local_addr(id); }
+static const struct sockaddr *rdmago_peer(struct rdma_cm_id *id) { return rdma_get_peer_addr(id); }
+
+static int rdmago_connect(struct rdma_cm_id *id, int accept, const void *pd, int pdlen, uint8_t rr, uint8_t depth,
+		uint8_t retry, uint8_t rnr, uint32_t qpn) {
+	struct rdma_conn_param p;
+	memset(&p, 0, sizeof(p));
+	p.private_data = pdlen ? pd : NULL;
+	p.private_data_len = pdlen;
+	p.responder_resources = rr;
+	p.initiator_depth = depth;
+	p.retry_count = retry;
+	p.rnr_retry_count = rnr;
+	p.qp_num = qpn;
+	return accept ? rdma_accept(id, &p) : rdma_connect(id, &p);
+}
+
+static int rdmago_create_qp(struct rdma_cm_id *id, struct ibv_pd *pd, struct ibv_cq *scq, struct ibv_cq *rcq,
+		int type, uint32_t swr, uint32_t rwr, uint32_t ssge, uint32_t rsge, uint32_t inl) {
+	struct ibv_qp_init_attr a;
+	memset(&a, 0, sizeof(a));
+	a.send_cq = scq;
+	a.recv_cq = rcq;
+	a.qp_type = type;
+	a.cap.max_send_wr = swr;
+	a.cap.max_recv_wr = rwr;
+	a.cap.max_send_sge = ssge;
+	a.cap.max_recv_sge = rsge;
+	a.cap.max_inline_data = inl;
+	return rdma_create_qp(id, pd, &a);
+}
+
+static int rdmago_init_qp_attr(struct rdma_cm_id *id, int state, struct ibv_qp_attr *attr, int *mask) {
+	memset(attr, 0, sizeof(*attr));
+	attr->qp_state = state;
+	return rdma_init_qp_attr(id, attr, mask);
+}
+*/
+import "C"
+
+import (
+	"errors"
+	"net/netip"
+	"syscall"
+	"unsafe"
+
+	"github.com/rdmago/rdmago/internal/ibv"
+)
+
+func errnoOf(err error) error {
+	var en syscall.Errno
+	if errors.As(err, &en) && en != 0 {
+		return en
+	}
+	return syscall.EIO
+}
+
+// Channel is an rdma_event_channel.
+type Channel struct {
+	ch *C.struct_rdma_event_channel
+	ev *C.struct_rdmago_event // the copy-out buffer, C memory
+}
+
+// NewChannel is rdma_create_event_channel.
+func NewChannel() (*Channel, error) {
+	ch, err := C.rdma_create_event_channel()
+	if ch == nil {
+		return nil, errnoOf(err)
+	}
+	return &Channel{ch: ch, ev: (*C.struct_rdmago_event)(C.calloc(1, C.sizeof_struct_rdmago_event))}, nil
+}
+
+// FD is the channel's descriptor, for the poller.
+func (c *Channel) FD() int { return int(c.ch.fd) }
+
+// Destroy is rdma_destroy_event_channel; every id on it must be gone.
+func (c *Channel) Destroy() {
+	C.rdma_destroy_event_channel(c.ch)
+	C.free(unsafe.Pointer(c.ev))
+}
+
+// GetEvent reads, copies and acks one event; false when none is queued
+// (the descriptor is non-blocking once in the poller).
+func (c *Channel) GetEvent() (Event, bool) {
+	ce := c.ev
+	if C.rdmago_get_event(c.ch, ce) != 0 {
+		return Event{}, false
+	}
+	ev := Event{Type: int(ce._type), Status: int(ce.status), UD: ce.ud != 0, Token: uint64(ce.token), ID: &ID{id: ce.id}}
+	if n := int(ce.pdata_len); n > 0 {
+		ev.PrivateData = C.GoBytes(unsafe.Pointer(&ce.pdata[0]), C.int(n))
+	}
+	ev.Param = ConnParam{ResponderResources: uint8(ce.responder_resources), InitiatorDepth: uint8(ce.initiator_depth),
+		FlowControl: ce.flow_control != 0, RetryCount: uint8(ce.retry_count), RNRRetryCount: uint8(ce.rnr_retry_count),
+		SRQ: ce.srq != 0, QPNum: uint32(ce.qp_num)}
+	if ev.UD {
+		ev.QKey = uint32(ce.qkey)
+		ev.AH = ibv.AHAttrAt(unsafe.Pointer(&ce.ah_attr))
+	}
+	return ev, true
+}
+
+// Devices is rdma_get_devices: librdmacm's own contexts, which it keeps
+// open for the life of the process.
+func Devices() ([]*ibv.Context, error) {
+	var n C.int
+	list, err := C.rdma_get_devices(&n)
+	if list == nil {
+		return nil, errnoOf(err)
+	}
+	defer C.rdma_free_devices(list)
+	var out []*ibv.Context
+	for _, ctx := range unsafe.Slice(list, int(n)) {
+		out = append(out, ibv.BorrowContext(unsafe.Pointer(ctx)))
+	}
+	return out, nil
+}
+
+// ID is an rdma_cm_id.
+type ID struct{ id *C.struct_rdma_cm_id }
+
+// NewID is rdma_create_id, with token as the id's context.
+func (c *Channel) NewID(token uint64, ps int) (*ID, error) {
+	var id *C.struct_rdma_cm_id
+	if rc, err := C.rdmago_create_id(c.ch, &id, C.uint64_t(token), C.enum_rdma_port_space(ps)); rc != 0 {
+		return nil, errnoOf(err)
+	}
+	return &ID{id}, nil
+}
+
+// SetToken sets the id's context.
+func (i *ID) SetToken(token uint64) { C.rdmago_set_token(i.id, C.uint64_t(token)) }
+
+// Destroy is rdma_destroy_id.
+func (i *ID) Destroy() error {
+	if rc, err := C.rdma_destroy_id(i.id); rc != 0 {
+		return errnoOf(err)
+	}
+	return nil
+}
+
+func toSockaddr(sa SockAddr, ss *C.struct_sockaddr_storage) {
+	a := sa.AP.Addr()
+	if a.Is4() || a.Is4In6() {
+		b := a.Unmap().As4()
+		C.rdmago_sockaddr(ss, 0, (*C.uint8_t)(&b[0]), C.uint16_t(sa.AP.Port()), 0)
+		return
+	}
+	b := a.As16()
+	C.rdmago_sockaddr(ss, 1, (*C.uint8_t)(&b[0]), C.uint16_t(sa.AP.Port()), C.uint32_t(sa.Scope))
+}
+
+func fromSockaddr(sa *C.struct_sockaddr) SockAddr {
+	if sa == nil {
+		return SockAddr{}
+	}
+	var ip [16]byte
+	var port C.uint16_t
+	var sc C.uint32_t
+	switch C.rdmago_addr(sa, (*C.uint8_t)(&ip[0]), &port, &sc) {
+	case 4:
+		return SockAddr{AP: netip.AddrPortFrom(netip.AddrFrom4([4]byte(ip[:4])), uint16(port))}
+	case 16:
+		return SockAddr{AP: netip.AddrPortFrom(netip.AddrFrom16(ip), uint16(port)), Scope: uint32(sc)}
+	}
+	return SockAddr{}
+}
+
+// LocalAddr is rdma_get_local_addr.
+func (i *ID) LocalAddr() SockAddr { return fromSockaddr(C.rdmago_local(i.id)) }
+
+// PeerAddr is rdma_get_peer_addr.
+func (i *ID) PeerAddr() SockAddr { return fromSockaddr(C.rdmago_peer(i.id)) }
+
+// DeviceName is the device the id is bound to, "" before it is.
+func (i *ID) DeviceName() string {
+	if i.id.verbs == nil {
+		return ""
+	}
+	return C.GoString(C.ibv_get_device_name(i.id.verbs.device))
+}
+
+// PortNum is the id's port, 0 before it is bound.
+func (i *ID) PortNum() int { return int(i.id.port_num) }
+
+// Context is the id's device context (librdmacm's), nil before it is bound.
+func (i *ID) Context() *ibv.Context {
+	if i.id.verbs == nil {
+		return nil
+	}
+	return ibv.BorrowContext(unsafe.Pointer(i.id.verbs))
+}
+
+// SetOption is rdma_set_option at level RDMA_OPTION_ID.
+func (i *ID) SetOption(name int, v []byte) error {
+	if rc, err := C.rdma_set_option(i.id, C.RDMA_OPTION_ID, C.int(name), unsafe.Pointer(&v[0]), C.size_t(len(v))); rc != 0 {
+		return errnoOf(err)
+	}
+	return nil
+}
+
+// Bind is rdma_bind_addr.
+func (i *ID) Bind(sa SockAddr) error {
+	var ss C.struct_sockaddr_storage
+	toSockaddr(sa, &ss)
+	if rc, err := C.rdma_bind_addr(i.id, (*C.struct_sockaddr)(unsafe.Pointer(&ss))); rc != 0 {
+		return errnoOf(err)
+	}
+	return nil
+}
+
+// ResolveAddr is rdma_resolve_addr; src may be the zero SockAddr.
+func (i *ID) ResolveAddr(src, dst SockAddr, timeoutMS int) error {
+	var s, d C.struct_sockaddr_storage
+	var sp *C.struct_sockaddr
+	if src.AP.Addr().IsValid() {
+		toSockaddr(src, &s)
+		sp = (*C.struct_sockaddr)(unsafe.Pointer(&s))
+	}
+	toSockaddr(dst, &d)
+	if rc, err := C.rdma_resolve_addr(i.id, sp, (*C.struct_sockaddr)(unsafe.Pointer(&d)), C.int(timeoutMS)); rc != 0 {
+		return errnoOf(err)
+	}
+	return nil
+}
+
+// ResolveRoute is rdma_resolve_route.
+func (i *ID) ResolveRoute(timeoutMS int) error {
+	if rc, err := C.rdma_resolve_route(i.id, C.int(timeoutMS)); rc != 0 {
+		return errnoOf(err)
+	}
+	return nil
+}
+
+// Listen is rdma_listen.
+func (i *ID) Listen(backlog int) error {
+	if rc, err := C.rdma_listen(i.id, C.int(backlog)); rc != 0 {
+		return errnoOf(err)
+	}
+	return nil
+}
+
+// Connect is rdma_connect, or rdma_accept when accept is set.
+func (i *ID) Connect(accept bool, p ConnParam, data []byte) error {
+	var dp unsafe.Pointer
+	if len(data) > 0 {
+		dp = unsafe.Pointer(&data[0])
+	}
+	a := C.int(0)
+	if accept {
+		a = 1
+	}
+	if rc, err := C.rdmago_connect(i.id, a, dp, C.int(len(data)), C.uint8_t(p.ResponderResources),
+		C.uint8_t(p.InitiatorDepth), C.uint8_t(p.RetryCount), C.uint8_t(p.RNRRetryCount), C.uint32_t(p.QPNum)); rc != 0 {
+		return errnoOf(err)
+	}
+	return nil
+}
+
+// Reject is rdma_reject.
+func (i *ID) Reject(data []byte) error {
+	var dp unsafe.Pointer
+	if len(data) > 0 {
+		dp = unsafe.Pointer(&data[0])
+	}
+	if rc, err := C.rdma_reject(i.id, dp, C.uint8_t(len(data))); rc != 0 {
+		return errnoOf(err)
+	}
+	return nil
+}
+
+// Disconnect is rdma_disconnect.
+func (i *ID) Disconnect() error {
+	if rc, err := C.rdma_disconnect(i.id); rc != 0 {
+		return errnoOf(err)
+	}
+	return nil
+}
+
+// Establish is rdma_establish.
+func (i *ID) Establish() error {
+	if rc, err := C.rdma_establish(i.id); rc != 0 {
+		return errnoOf(err)
+	}
+	return nil
+}
+
+// InitQPAttr is rdma_init_qp_attr for the transition to state.
+func (i *ID) InitQPAttr(state int) (ibv.QPAttr, uint32, error) {
+	var a C.struct_ibv_qp_attr
+	var mask C.int
+	if rc, err := C.rdmago_init_qp_attr(i.id, C.int(state), &a, &mask); rc != 0 {
+		return ibv.QPAttr{}, 0, errnoOf(err)
+	}
+	return ibv.QPAttrAt(unsafe.Pointer(&a)), uint32(mask), nil
+}
+
+// CreateQP is rdma_create_qp: librdmacm creates the QP, moves it, and
+// destroys it with rdma_destroy_qp when the returned QP is destroyed.
+func (i *ID) CreateQP(pd *ibv.PD, scq, rcq *ibv.CQ, qpType int, cp ibv.QPCap) (*ibv.QP, error) {
+	rc, err := C.rdmago_create_qp(i.id, (*C.struct_ibv_pd)(pd.Pointer()), (*C.struct_ibv_cq)(scq.Pointer()),
+		(*C.struct_ibv_cq)(rcq.Pointer()), C.int(qpType), C.uint32_t(cp.MaxSendWR), C.uint32_t(cp.MaxRecvWR),
+		C.uint32_t(cp.MaxSendSGE), C.uint32_t(cp.MaxRecvSGE), C.uint32_t(cp.MaxInlineData))
+	if rc != 0 {
+		return nil, errnoOf(err)
+	}
+	id := i.id
+	return ibv.AdoptQP(unsafe.Pointer(id.qp), func() { C.rdma_destroy_qp(id) }), nil
+}
+
+// JoinMulticast is rdma_join_multicast.
+func (i *ID) JoinMulticast(group netip.Addr, scope uint32) error {
+	var ss C.struct_sockaddr_storage
+	toSockaddr(SockAddr{AP: netip.AddrPortFrom(group, 0), Scope: scope}, &ss)
+	if rc, err := C.rdma_join_multicast(i.id, (*C.struct_sockaddr)(unsafe.Pointer(&ss)), nil); rc != 0 {
+		return errnoOf(err)
+	}
+	return nil
+}
+
+// LeaveMulticast is rdma_leave_multicast.
+func (i *ID) LeaveMulticast(group netip.Addr, scope uint32) error {
+	var ss C.struct_sockaddr_storage
+	toSockaddr(SockAddr{AP: netip.AddrPortFrom(group, 0), Scope: scope}, &ss)
+	if rc, err := C.rdma_leave_multicast(i.id, (*C.struct_sockaddr)(unsafe.Pointer(&ss))); rc != 0 {
+		return errnoOf(err)
+	}
+	return nil
+}

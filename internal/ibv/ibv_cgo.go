@@ -1,0 +1,767 @@
+//go:build linux && cgo
+
+package ibv
+
+/*
+#cgo LDFLAGS: -libverbs
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <arpa/inet.h>
+#include <infiniband/verbs.h>
+
+// ibv_query_port is a macro; cgo needs a function.
+static int rdmago_query_port(struct ibv_context *ctx, uint8_t port, struct ibv_port_attr *attr) {
+	return ibv_query_port(ctx, port, attr);
+}
+
+// The event's element is a union; cgo sees bytes.
+static uint32_t rdmago_event_qpn(struct ibv_async_event *ev) {
+	return ev->element.qp ? ev->element.qp->qp_num : 0;
+}
+static int rdmago_event_port(struct ibv_async_event *ev) { return ev->element.port_num; }
+
+// A send request as Go describes it (SendDesc); C links a batch into
+// ibv_send_wr in one crossing.
+struct rdmago_swr {
+	uint64_t wr_id, remote_addr, compare_add, swap;
+	struct ibv_ah *ah;
+	uint32_t opcode, flags, imm, num_sge, rkey, remote_qpn, remote_qkey;
+};
+
+static int rdmago_post_send(struct ibv_qp *qp, struct rdmago_swr *d, int n, struct ibv_sge *sges,
+		struct ibv_send_wr *wrs, int *bad_index) {
+	int s = 0;
+	memset(wrs, 0, sizeof(*wrs) * n);
+	for (int i = 0; i < n; i++) {
+		struct ibv_send_wr *w = &wrs[i];
+		w->wr_id = d[i].wr_id;
+		w->opcode = d[i].opcode;
+		w->send_flags = d[i].flags;
+		w->num_sge = d[i].num_sge;
+		w->sg_list = d[i].num_sge ? &sges[s] : NULL;
+		s += d[i].num_sge;
+		w->imm_data = htonl(d[i].imm);
+		switch (d[i].opcode) {
+		case IBV_WR_RDMA_WRITE: case IBV_WR_RDMA_WRITE_WITH_IMM: case IBV_WR_RDMA_READ:
+			w->wr.rdma.remote_addr = d[i].remote_addr;
+			w->wr.rdma.rkey = d[i].rkey;
+			break;
+		case IBV_WR_ATOMIC_CMP_AND_SWP: case IBV_WR_ATOMIC_FETCH_AND_ADD:
+			w->wr.atomic.remote_addr = d[i].remote_addr;
+			w->wr.atomic.rkey = d[i].rkey;
+			w->wr.atomic.compare_add = d[i].compare_add;
+			w->wr.atomic.swap = d[i].swap;
+			break;
+		}
+		if (d[i].ah) {
+			w->wr.ud.ah = d[i].ah;
+			w->wr.ud.remote_qpn = d[i].remote_qpn;
+			w->wr.ud.remote_qkey = d[i].remote_qkey;
+		}
+		w->next = i + 1 < n ? &wrs[i + 1] : NULL;
+	}
+	struct ibv_send_wr *bad = NULL;
+	int rc = ibv_post_send(qp, wrs, &bad);
+	*bad_index = bad ? (int)(bad - wrs) : -1;
+	return rc;
+}
+
+struct rdmago_rwr {
+	uint64_t wr_id;
+	uint32_t num_sge;
+};
+
+static int rdmago_post_recv(struct ibv_qp *qp, struct rdmago_rwr *d, int n, struct ibv_sge *sges,
+		struct ibv_recv_wr *wrs, int *bad_index) {
+	int s = 0;
+	for (int i = 0; i < n; i++) {
+		wrs[i].wr_id = d[i].wr_id;
+		wrs[i].num_sge = d[i].num_sge;
+		wrs[i].sg_list = d[i].num_sge ? &sges[s] : NULL;
+		s += d[i].num_sge;
+		wrs[i].next = i + 1 < n ? &wrs[i + 1] : NULL;
+	}
+	struct ibv_recv_wr *bad = NULL;
+	int rc = ibv_post_recv(qp, wrs, &bad);
+	*bad_index = bad ? (int)(bad - wrs) : -1;
+	return rc;
+}
+
+// The completions as Go lays them out (WC), converted in C so that a poll
+// is one crossing and writes nothing Go must convert again.
+struct rdmago_wc {
+	uint64_t wr_id;
+	uint32_t status, opcode, vendor_err, byte_len, imm, qp_num, src_qp, wc_flags;
+	uint16_t pkey_index, slid;
+	uint8_t sl;
+};
+
+// Pointers as integers: the scratch is C memory and out is the caller's
+// slice, and a pointer argument would cost a cgocheck scan on every poll of
+// a busy-polling loop.
+static int rdmago_poll_cq(uintptr_t cq, int n, uintptr_t scratch, uintptr_t out) {
+	struct ibv_wc *wc = (struct ibv_wc *)scratch;
+	struct rdmago_wc *o = (struct rdmago_wc *)out;
+	int got = ibv_poll_cq((struct ibv_cq *)cq, n, wc);
+	for (int i = 0; i < got; i++) {
+		o[i].wr_id = wc[i].wr_id;
+		o[i].status = wc[i].status;
+		o[i].opcode = wc[i].opcode;
+		o[i].vendor_err = wc[i].vendor_err;
+		o[i].byte_len = wc[i].byte_len;
+		o[i].imm = (wc[i].wc_flags & IBV_WC_WITH_IMM) ? ntohl(wc[i].imm_data) : 0;
+		o[i].qp_num = wc[i].qp_num;
+		o[i].src_qp = wc[i].src_qp;
+		o[i].wc_flags = wc[i].wc_flags;
+		o[i].pkey_index = wc[i].pkey_index;
+		o[i].slid = wc[i].slid;
+		o[i].sl = wc[i].sl;
+	}
+	return got;
+}
+
+static int rdmago_req_notify(struct ibv_cq *cq) {
+	return ibv_req_notify_cq(cq, 0);
+}
+
+// The fields of a received UD completion that ibv_init_ah_from_wc reads.
+static int rdmago_ah_from_wc(struct ibv_context *ctx, uint8_t port, uint32_t flags, uint32_t src_qp,
+		uint16_t slid, uint8_t sl, uint16_t pkey_index, struct ibv_grh *grh, struct ibv_ah_attr *out) {
+	struct ibv_wc wc;
+	memset(&wc, 0, sizeof(wc));
+	wc.wc_flags = flags;
+	wc.src_qp = src_qp;
+	wc.slid = slid;
+	wc.sl = sl;
+	wc.pkey_index = pkey_index;
+	return ibv_init_ah_from_wc(ctx, port, &wc, grh, out);
+}
+*/
+import "C"
+
+import (
+	"fmt"
+	"syscall"
+	"unsafe"
+)
+
+func init() {
+	// The Go descriptions of C's structs must be laid out as C lays them out.
+	if unsafe.Sizeof(SendDesc{}) != C.sizeof_struct_rdmago_swr || unsafe.Sizeof(RecvDesc{}) != C.sizeof_struct_rdmago_rwr ||
+		unsafe.Sizeof(WC{}) != C.sizeof_struct_rdmago_wc || unsafe.Sizeof(SGE{}) != C.sizeof_struct_ibv_sge {
+		panic(fmt.Sprintf("ibv: Go and C layouts differ: swr %d/%d rwr %d/%d wc %d/%d sge %d/%d",
+			unsafe.Sizeof(SendDesc{}), C.sizeof_struct_rdmago_swr, unsafe.Sizeof(RecvDesc{}), C.sizeof_struct_rdmago_rwr,
+			unsafe.Sizeof(WC{}), C.sizeof_struct_rdmago_wc, unsafe.Sizeof(SGE{}), C.sizeof_struct_ibv_sge))
+	}
+}
+
+// Available reports whether this build can call libibverbs.
+const Available = true
+
+// errnoOf turns the error cgo returns alongside a NULL result into an
+// errno, EIO when libibverbs left errno unset.
+func errnoOf(err error) error {
+	if err == nil {
+		return syscall.EIO
+	}
+	return err
+}
+
+func deviceInfo(d *C.struct_ibv_device) DeviceInfo {
+	return DeviceInfo{
+		Name:      C.GoString(C.ibv_get_device_name(d)),
+		Transport: int(d.transport_type),
+		NodeType:  int(d.node_type),
+		GUID:      be64(uint64(C.ibv_get_device_guid(d))),
+	}
+}
+
+// be64 converts a big-endian 64-bit value, as libibverbs returns GUIDs, to
+// host order.
+func be64(v uint64) uint64 {
+	var b [8]byte
+	*(*uint64)(unsafe.Pointer(&b[0])) = v
+	var r uint64
+	for _, x := range b {
+		r = r<<8 | uint64(x)
+	}
+	return r
+}
+
+// Devices lists the host's devices (ibv_get_device_list).
+func Devices() ([]DeviceInfo, error) {
+	var n C.int
+	list, err := C.ibv_get_device_list(&n)
+	if list == nil {
+		return nil, errnoOf(err)
+	}
+	defer C.ibv_free_device_list(list)
+	out := make([]DeviceInfo, 0, int(n))
+	for _, d := range unsafe.Slice(list, int(n)) {
+		out = append(out, deviceInfo(d))
+	}
+	return out, nil
+}
+
+// Context is an open device (struct ibv_context).
+type Context struct {
+	Info     DeviceInfo
+	c        *C.struct_ibv_context
+	borrowed bool
+}
+
+// Open opens the named device. A name not in the list fails with ENODEV;
+// the op says which step failed.
+func Open(name string) (c *Context, op string, err error) {
+	var n C.int
+	list, err := C.ibv_get_device_list(&n)
+	if list == nil {
+		return nil, "ibv_get_device_list", errnoOf(err)
+	}
+	defer C.ibv_free_device_list(list)
+	for _, d := range unsafe.Slice(list, int(n)) {
+		info := deviceInfo(d)
+		if info.Name != name {
+			continue
+		}
+		ctx, err := C.ibv_open_device(d)
+		if ctx == nil {
+			return nil, "ibv_open_device", errnoOf(err)
+		}
+		return &Context{Info: info, c: ctx}, "", nil
+	}
+	return nil, "open device", syscall.ENODEV
+}
+
+// BorrowContext wraps a struct ibv_context another library (librdmacm)
+// owns: Close leaves it open.
+func BorrowContext(p unsafe.Pointer) *Context {
+	c := (*C.struct_ibv_context)(p)
+	return &Context{Info: deviceInfo(c.device), c: c, borrowed: true}
+}
+
+// Pointer is the struct ibv_context, for librdmacm's wrapper.
+func (c *Context) Pointer() unsafe.Pointer { return unsafe.Pointer(c.c) }
+
+// Close closes the context, unless it is borrowed.
+func (c *Context) Close() error {
+	if c.borrowed {
+		return nil
+	}
+	if rc := C.ibv_close_device(c.c); rc != 0 {
+		return syscall.Errno(-rc)
+	}
+	return nil
+}
+
+// QueryDevice is ibv_query_device.
+func (c *Context) QueryDevice() (DeviceAttr, error) {
+	var a C.struct_ibv_device_attr
+	if rc := C.ibv_query_device(c.c, &a); rc != 0 {
+		return DeviceAttr{}, syscall.Errno(rc)
+	}
+	return DeviceAttr{
+		FirmwareVersion:    C.GoString(&a.fw_ver[0]),
+		NodeGUID:           be64(uint64(a.node_guid)),
+		SysImageGUID:       be64(uint64(a.sys_image_guid)),
+		MaxMRSize:          uint64(a.max_mr_size),
+		PageSizeCap:        uint64(a.page_size_cap),
+		VendorID:           uint32(a.vendor_id),
+		VendorPartID:       uint32(a.vendor_part_id),
+		HardwareVersion:    uint32(a.hw_ver),
+		MaxQP:              int(a.max_qp),
+		MaxQPWR:            int(a.max_qp_wr),
+		MaxSGE:             int(a.max_sge),
+		MaxCQ:              int(a.max_cq),
+		MaxCQE:             int(a.max_cqe),
+		MaxMR:              int(a.max_mr),
+		MaxPD:              int(a.max_pd),
+		MaxQPRdAtom:        int(a.max_qp_rd_atom),
+		MaxQPInitRdAtom:    int(a.max_qp_init_rd_atom),
+		MaxSRQ:             int(a.max_srq),
+		MaxSRQWR:           int(a.max_srq_wr),
+		MaxAH:              int(a.max_ah),
+		AtomicCapable:      a.atomic_cap != C.IBV_ATOMIC_NONE,
+		PhysicalPortCount:  int(a.phys_port_cnt),
+		MaxMulticastGroups: int(a.max_mcast_grp),
+		MaxQPPerMulticast:  int(a.max_mcast_qp_attach),
+		LocalCACKDelay:     uint8(a.local_ca_ack_delay),
+		MaxPKeys:           int(a.max_pkeys),
+		DeviceCapFlags:     uint32(a.device_cap_flags),
+	}, nil
+}
+
+// QueryPort is ibv_query_port; port is from 1 to 255.
+func (c *Context) QueryPort(port int) (PortAttr, error) {
+	var a C.struct_ibv_port_attr
+	if rc := C.rdmago_query_port(c.c, C.uint8_t(port), &a); rc != 0 {
+		return PortAttr{}, syscall.Errno(rc)
+	}
+	return PortAttr{
+		State:        int(a.state),
+		MaxMTU:       int(a.max_mtu),
+		ActiveMTU:    int(a.active_mtu),
+		GIDTableLen:  int(a.gid_tbl_len),
+		PKeyTableLen: int(a.pkey_tbl_len),
+		PortCapFlags: uint32(a.port_cap_flags),
+		LID:          uint16(a.lid),
+		SMLID:        uint16(a.sm_lid),
+		LMC:          uint8(a.lmc),
+		ActiveWidth:  uint8(a.active_width),
+		ActiveSpeed:  uint8(a.active_speed),
+		PhysState:    uint8(a.phys_state),
+		LinkLayer:    uint8(a.link_layer),
+	}, nil
+}
+
+func gidEntry(e *C.struct_ibv_gid_entry) GIDEntry {
+	g := GIDEntry{Index: int(e.gid_index), Port: int(e.port_num), Type: int(e.gid_type), NetdevIndex: int(e.ndev_ifindex)}
+	copy(g.GID[:], unsafe.Slice((*byte)(unsafe.Pointer(&e.gid)), 16))
+	return g
+}
+
+// QueryGIDTable is ibv_query_gid_table with room for max entries.
+func (c *Context) QueryGIDTable(max int) ([]GIDEntry, error) {
+	entries := (*C.struct_ibv_gid_entry)(C.calloc(C.size_t(max), C.sizeof_struct_ibv_gid_entry))
+	if entries == nil {
+		return nil, syscall.ENOMEM
+	}
+	defer C.free(unsafe.Pointer(entries))
+	n := C.ibv_query_gid_table(c.c, entries, C.size_t(max), 0)
+	if n < 0 {
+		return nil, syscall.Errno(-n)
+	}
+	es := unsafe.Slice(entries, int(n))
+	out := make([]GIDEntry, 0, len(es))
+	for i := range es {
+		out = append(out, gidEntry(&es[i]))
+	}
+	return out, nil
+}
+
+// QueryGID is ibv_query_gid_ex: an empty slot fails with ENODATA.
+func (c *Context) QueryGID(port, index int) (GIDEntry, error) {
+	var e C.struct_ibv_gid_entry
+	if rc := C.ibv_query_gid_ex(c.c, C.uint32_t(port), C.uint32_t(index), &e, 0); rc != 0 {
+		return GIDEntry{}, syscall.Errno(rc)
+	}
+	return gidEntry(&e), nil
+}
+
+// AsyncFD is the context's non-blocking async event descriptor.
+func (c *Context) AsyncFD() int { return int(c.c.async_fd) }
+
+// GetAsyncEvent reads and acks one async event; false when none is queued.
+func (c *Context) GetAsyncEvent(isPort, isQP func(int) bool) (AsyncEvent, bool) {
+	var e C.struct_ibv_async_event
+	if C.ibv_get_async_event(c.c, &e) != 0 {
+		return AsyncEvent{}, false
+	}
+	ev := AsyncEvent{Type: int(e.event_type)}
+	if isPort(ev.Type) {
+		ev.Port = int(C.rdmago_event_port(&e))
+	} else if isQP(ev.Type) {
+		ev.QPN = uint32(C.rdmago_event_qpn(&e))
+	}
+	C.ibv_ack_async_event(&e)
+	return ev, true
+}
+
+// InitAHFromWC is ibv_init_ah_from_wc for a UD receive: grh is the first
+// 40 bytes of its buffer.
+func (c *Context) InitAHFromWC(port int, wc *WC, grh []byte) (AHAttr, error) {
+	g := (*C.struct_ibv_grh)(C.malloc(C.sizeof_struct_ibv_grh))
+	defer C.free(unsafe.Pointer(g))
+	copy(unsafe.Slice((*byte)(unsafe.Pointer(g)), C.sizeof_struct_ibv_grh), grh)
+	var out C.struct_ibv_ah_attr
+	if rc, err := C.rdmago_ah_from_wc(c.c, C.uint8_t(port), C.uint32_t(wc.Flags), C.uint32_t(wc.SrcQP),
+		C.uint16_t(wc.SLID), C.uint8_t(wc.SL), C.uint16_t(wc.PKeyIndex), g, &out); rc != 0 {
+		return AHAttr{}, errnoOf(err)
+	}
+	return ahFromC(&out), nil
+}
+
+// PD is a protection domain (struct ibv_pd).
+type PD struct{ p *C.struct_ibv_pd }
+
+// AllocPD is ibv_alloc_pd.
+func (c *Context) AllocPD() (*PD, error) {
+	pd, err := C.ibv_alloc_pd(c.c)
+	if pd == nil {
+		return nil, errnoOf(err)
+	}
+	return &PD{pd}, nil
+}
+
+// Pointer is the struct ibv_pd, for librdmacm's wrapper.
+func (p *PD) Pointer() unsafe.Pointer { return unsafe.Pointer(p.p) }
+
+// Dealloc is ibv_dealloc_pd.
+func (p *PD) Dealloc() error {
+	if rc := C.ibv_dealloc_pd(p.p); rc != 0 {
+		return syscall.Errno(rc)
+	}
+	return nil
+}
+
+// MR is a memory region (struct ibv_mr).
+type MR struct {
+	p          *C.struct_ibv_mr
+	LKey, RKey uint32
+}
+
+// RegMR is ibv_reg_mr over buf, which must not be Go heap memory.
+func (p *PD) RegMR(buf []byte, access uint32) (*MR, error) {
+	mr, err := C.ibv_reg_mr(p.p, unsafe.Pointer(&buf[0]), C.size_t(len(buf)), C.int(access))
+	if mr == nil {
+		return nil, errnoOf(err)
+	}
+	return &MR{p: mr, LKey: uint32(mr.lkey), RKey: uint32(mr.rkey)}, nil
+}
+
+// Dereg is ibv_dereg_mr.
+func (m *MR) Dereg() error {
+	if rc := C.ibv_dereg_mr(m.p); rc != 0 {
+		return syscall.Errno(rc)
+	}
+	return nil
+}
+
+// CQ is a completion queue with a completion channel of its own.
+type CQ struct {
+	cq      *C.struct_ibv_cq
+	ch      *C.struct_ibv_comp_channel
+	wc      *C.struct_ibv_wc // poll scratch, C memory
+	wcCap   int
+	unacked C.uint
+}
+
+// CreateCQ creates a completion channel and a CQ of at least entries
+// entries on it; op names the step that failed.
+func (c *Context) CreateCQ(entries int) (cq *CQ, op string, err error) {
+	ch, err := C.ibv_create_comp_channel(c.c)
+	if ch == nil {
+		return nil, "ibv_create_comp_channel", errnoOf(err)
+	}
+	q, err := C.ibv_create_cq(c.c, C.int(entries), nil, ch, 0)
+	if q == nil {
+		C.ibv_destroy_comp_channel(ch)
+		return nil, "ibv_create_cq", errnoOf(err)
+	}
+	return &CQ{cq: q, ch: ch}, "", nil
+}
+
+// Pointer is the struct ibv_cq, for librdmacm's wrapper.
+func (c *CQ) Pointer() unsafe.Pointer { return unsafe.Pointer(c.cq) }
+
+// Poll moves up to len(out) completions into out in one crossing.
+func (c *CQ) Poll(out []WC) (int, error) {
+	if len(out) > c.wcCap {
+		C.free(unsafe.Pointer(c.wc))
+		c.wc = (*C.struct_ibv_wc)(C.calloc(C.size_t(len(out)), C.sizeof_struct_ibv_wc))
+		c.wcCap = len(out)
+	}
+	n := int(C.rdmago_poll_cq(C.uintptr_t(uintptr(unsafe.Pointer(c.cq))), C.int(len(out)),
+		C.uintptr_t(uintptr(unsafe.Pointer(c.wc))), C.uintptr_t(uintptr(unsafe.Pointer(&out[0])))))
+	if n < 0 {
+		return 0, syscall.EIO
+	}
+	return n, nil
+}
+
+// ReqNotify arms the CQ for the next completion.
+func (c *CQ) ReqNotify() error {
+	if rc := C.rdmago_req_notify(c.cq); rc != 0 {
+		return syscall.Errno(rc)
+	}
+	return nil
+}
+
+// ChannelFD is the completion channel's descriptor.
+func (c *CQ) ChannelFD() int { return int(c.ch.fd) }
+
+// GetEvent takes one event off the completion channel (false when none is
+// queued), acking events in batches.
+func (c *CQ) GetEvent() bool {
+	var cq *C.struct_ibv_cq
+	var cqctx unsafe.Pointer
+	if C.ibv_get_cq_event(c.ch, &cq, &cqctx) != 0 {
+		return false
+	}
+	c.unacked++
+	if c.unacked >= 64 {
+		C.ibv_ack_cq_events(c.cq, c.unacked)
+		c.unacked = 0
+	}
+	return true
+}
+
+// Destroy acks what is unacked and destroys the CQ, then its channel. A
+// CQ that QPs still use is refused (and left whole).
+func (c *CQ) Destroy() error {
+	if c.unacked > 0 {
+		C.ibv_ack_cq_events(c.cq, c.unacked)
+		c.unacked = 0
+	}
+	if rc := C.ibv_destroy_cq(c.cq); rc != 0 {
+		return syscall.Errno(rc)
+	}
+	C.ibv_destroy_comp_channel(c.ch)
+	C.free(unsafe.Pointer(c.wc))
+	c.wc, c.wcCap = nil, 0
+	return nil
+}
+
+// AH is an address handle (struct ibv_ah).
+type AH struct{ p *C.struct_ibv_ah }
+
+func (a *AH) handle() uintptr { return uintptr(unsafe.Pointer(a.p)) }
+
+// CreateAH is ibv_create_ah.
+func (p *PD) CreateAH(a *AHAttr) (*AH, error) {
+	ca := ahToC(a)
+	ah, err := C.ibv_create_ah(p.p, &ca)
+	if ah == nil {
+		return nil, errnoOf(err)
+	}
+	return &AH{ah}, nil
+}
+
+// Destroy is ibv_destroy_ah.
+func (a *AH) Destroy() error {
+	if rc := C.ibv_destroy_ah(a.p); rc != 0 {
+		return syscall.Errno(rc)
+	}
+	return nil
+}
+
+// QP is a queue pair, with C scratch memory for posting in one crossing.
+type QP struct {
+	p       *C.struct_ibv_qp
+	destroy func() // adopted QPs: the owner's destroy
+
+	sdesc *C.struct_rdmago_swr
+	swrs  *C.struct_ibv_send_wr
+	rdesc *C.struct_rdmago_rwr
+	rwrs  *C.struct_ibv_recv_wr
+	sges  *C.struct_ibv_sge
+	bad   *C.int // the index of a refused request: C memory, so that a post allocates nothing
+	nWR   int
+	nSGE  int
+}
+
+// CreateQP is ibv_create_qp.
+func (p *PD) CreateQP(init *QPInit) (*QP, error) {
+	var a C.struct_ibv_qp_init_attr
+	a.send_cq = init.SendCQ.cq
+	a.recv_cq = init.RecvCQ.cq
+	a.qp_type = C.enum_ibv_qp_type(init.Type)
+	a.cap = capToC(init.Cap)
+	if init.SignalAll {
+		a.sq_sig_all = 1
+	}
+	qp, err := C.ibv_create_qp(p.p, &a)
+	if qp == nil {
+		return nil, errnoOf(err)
+	}
+	return &QP{p: qp}, nil
+}
+
+// AdoptQP wraps a struct ibv_qp another library created; Destroy calls
+// destroy instead of ibv_destroy_qp.
+func AdoptQP(p unsafe.Pointer, destroy func()) *QP {
+	return &QP{p: (*C.struct_ibv_qp)(p), destroy: destroy}
+}
+
+// Num is the QP number.
+func (q *QP) Num() uint32 { return uint32(q.p.qp_num) }
+
+// State is the state libibverbs has cached for the QP.
+func (q *QP) State() int { return int(q.p.state) }
+
+// QueryState asks the device for the QP's state.
+func (q *QP) QueryState() (int, error) {
+	var qa C.struct_ibv_qp_attr
+	var qi C.struct_ibv_qp_init_attr
+	if rc := C.ibv_query_qp(q.p, &qa, C.IBV_QP_STATE, &qi); rc != 0 {
+		return 0, syscall.Errno(rc)
+	}
+	return int(qa.qp_state), nil
+}
+
+// Query is ibv_query_qp.
+func (q *QP) Query(mask uint32) (QPAttr, error) {
+	var qa C.struct_ibv_qp_attr
+	var qi C.struct_ibv_qp_init_attr
+	if rc := C.ibv_query_qp(q.p, &qa, C.int(mask), &qi); rc != 0 {
+		return QPAttr{}, syscall.Errno(rc)
+	}
+	return attrFromC(&qa), nil
+}
+
+// Modify is ibv_modify_qp.
+func (q *QP) Modify(a *QPAttr, mask uint32) error {
+	ca := attrToC(a)
+	if rc := C.ibv_modify_qp(q.p, &ca, C.int(mask)); rc != 0 {
+		return syscall.Errno(rc)
+	}
+	return nil
+}
+
+// grow makes room for n work requests with s SGEs in C memory.
+func (q *QP) grow(n, s int) {
+	if q.bad == nil {
+		q.bad = (*C.int)(C.malloc(C.sizeof_int))
+	}
+	if n > q.nWR {
+		q.sdesc = (*C.struct_rdmago_swr)(C.realloc(unsafe.Pointer(q.sdesc), C.size_t(n)*C.sizeof_struct_rdmago_swr))
+		q.swrs = (*C.struct_ibv_send_wr)(C.realloc(unsafe.Pointer(q.swrs), C.size_t(n)*C.sizeof_struct_ibv_send_wr))
+		q.rdesc = (*C.struct_rdmago_rwr)(C.realloc(unsafe.Pointer(q.rdesc), C.size_t(n)*C.sizeof_struct_rdmago_rwr))
+		q.rwrs = (*C.struct_ibv_recv_wr)(C.realloc(unsafe.Pointer(q.rwrs), C.size_t(n)*C.sizeof_struct_ibv_recv_wr))
+		q.nWR = n
+	}
+	if s > q.nSGE {
+		q.sges = (*C.struct_ibv_sge)(C.realloc(unsafe.Pointer(q.sges), C.size_t(s)*C.sizeof_struct_ibv_sge))
+		q.nSGE = s
+	}
+}
+
+// SendScratch returns room for n send requests and s SGEs, in C memory,
+// for the caller to fill before PostSend.
+func (q *QP) SendScratch(n, s int) ([]SendDesc, []SGE) {
+	q.grow(n, max(s, 1))
+	return unsafe.Slice((*SendDesc)(unsafe.Pointer(q.sdesc)), n), unsafe.Slice((*SGE)(unsafe.Pointer(q.sges)), max(s, 1))
+}
+
+// RecvScratch is SendScratch for receives.
+func (q *QP) RecvScratch(n, s int) ([]RecvDesc, []SGE) {
+	q.grow(n, max(s, 1))
+	return unsafe.Slice((*RecvDesc)(unsafe.Pointer(q.rdesc)), n), unsafe.Slice((*SGE)(unsafe.Pointer(q.sges)), max(s, 1))
+}
+
+// PostSend posts the first n requests of the send scratch as one list. On
+// failure bad is the index of the refused request, or -1.
+func (q *QP) PostSend(n int) (bad int, err error) {
+	if rc := C.rdmago_post_send(q.p, q.sdesc, C.int(n), q.sges, q.swrs, q.bad); rc != 0 {
+		return int(*q.bad), syscall.Errno(rc)
+	}
+	return -1, nil
+}
+
+// PostRecv posts the first n requests of the receive scratch.
+func (q *QP) PostRecv(n int) (bad int, err error) {
+	if rc := C.rdmago_post_recv(q.p, q.rdesc, C.int(n), q.sges, q.rwrs, q.bad); rc != 0 {
+		return int(*q.bad), syscall.Errno(rc)
+	}
+	return -1, nil
+}
+
+// Destroy destroys the QP (through its owner if adopted) and frees the
+// scratch.
+func (q *QP) Destroy() error {
+	if q.destroy != nil {
+		q.destroy()
+	} else if rc := C.ibv_destroy_qp(q.p); rc != 0 {
+		return syscall.Errno(rc)
+	}
+	for _, p := range []unsafe.Pointer{unsafe.Pointer(q.sdesc), unsafe.Pointer(q.swrs), unsafe.Pointer(q.rdesc),
+		unsafe.Pointer(q.rwrs), unsafe.Pointer(q.sges), unsafe.Pointer(q.bad)} {
+		C.free(p)
+	}
+	q.sdesc, q.swrs, q.rdesc, q.rwrs, q.sges, q.bad, q.nWR, q.nSGE = nil, nil, nil, nil, nil, nil, 0, 0
+	return nil
+}
+
+func capToC(c QPCap) C.struct_ibv_qp_cap {
+	return C.struct_ibv_qp_cap{max_send_wr: C.uint32_t(c.MaxSendWR), max_recv_wr: C.uint32_t(c.MaxRecvWR),
+		max_send_sge: C.uint32_t(c.MaxSendSGE), max_recv_sge: C.uint32_t(c.MaxRecvSGE),
+		max_inline_data: C.uint32_t(c.MaxInlineData)}
+}
+
+func ahToC(a *AHAttr) C.struct_ibv_ah_attr {
+	var c C.struct_ibv_ah_attr
+	c.dlid = C.uint16_t(a.DLID)
+	c.sl = C.uint8_t(a.SL)
+	c.src_path_bits = C.uint8_t(a.SrcPathBits)
+	c.static_rate = C.uint8_t(a.StaticRate)
+	if a.IsGlobal {
+		c.is_global = 1
+	}
+	c.port_num = C.uint8_t(a.PortNum)
+	copy(unsafe.Slice((*byte)(unsafe.Pointer(&c.grh.dgid)), 16), a.DGID[:])
+	c.grh.flow_label = C.uint32_t(a.FlowLabel)
+	c.grh.sgid_index = C.uint8_t(a.SGIDIndex)
+	c.grh.hop_limit = C.uint8_t(a.HopLimit)
+	c.grh.traffic_class = C.uint8_t(a.TrafficClass)
+	return c
+}
+
+func ahFromC(c *C.struct_ibv_ah_attr) AHAttr {
+	a := AHAttr{DLID: uint16(c.dlid), SL: uint8(c.sl), SrcPathBits: uint8(c.src_path_bits),
+		StaticRate: uint8(c.static_rate), IsGlobal: c.is_global != 0, PortNum: uint8(c.port_num),
+		FlowLabel: uint32(c.grh.flow_label), SGIDIndex: uint8(c.grh.sgid_index), HopLimit: uint8(c.grh.hop_limit),
+		TrafficClass: uint8(c.grh.traffic_class)}
+	copy(a.DGID[:], unsafe.Slice((*byte)(unsafe.Pointer(&c.grh.dgid)), 16))
+	return a
+}
+
+// AHAttrAt reads a struct ibv_ah_attr (from a librdmacm UD event).
+func AHAttrAt(p unsafe.Pointer) AHAttr { return ahFromC((*C.struct_ibv_ah_attr)(p)) }
+
+// QPAttrAt reads a struct ibv_qp_attr (from rdma_init_qp_attr).
+func QPAttrAt(p unsafe.Pointer) QPAttr { return attrFromC((*C.struct_ibv_qp_attr)(p)) }
+
+func attrToC(a *QPAttr) C.struct_ibv_qp_attr {
+	var c C.struct_ibv_qp_attr
+	c.qp_state = C.enum_ibv_qp_state(a.State)
+	c.cur_qp_state = C.enum_ibv_qp_state(a.CurState)
+	c.path_mtu = C.enum_ibv_mtu(a.PathMTU)
+	c.path_mig_state = C.enum_ibv_mig_state(a.PathMigState)
+	c.qkey = C.uint32_t(a.QKey)
+	c.rq_psn = C.uint32_t(a.RQPSN)
+	c.sq_psn = C.uint32_t(a.SQPSN)
+	c.dest_qp_num = C.uint32_t(a.DestQPN)
+	c.qp_access_flags = C.uint(a.AccessFlags)
+	c.cap = capToC(a.Cap)
+	c.ah_attr = ahToC(&a.AH)
+	c.alt_ah_attr = ahToC(&a.AltAH)
+	c.pkey_index = C.uint16_t(a.PKeyIndex)
+	c.alt_pkey_index = C.uint16_t(a.AltPKeyIndex)
+	if a.EnSQDAsyncNotify {
+		c.en_sqd_async_notify = 1
+	}
+	c.max_rd_atomic = C.uint8_t(a.MaxRdAtomic)
+	c.max_dest_rd_atomic = C.uint8_t(a.MaxDestRdAtomic)
+	c.min_rnr_timer = C.uint8_t(a.MinRNRTimer)
+	c.port_num = C.uint8_t(a.PortNum)
+	c.timeout = C.uint8_t(a.Timeout)
+	c.retry_cnt = C.uint8_t(a.RetryCount)
+	c.rnr_retry = C.uint8_t(a.RNRRetry)
+	c.alt_port_num = C.uint8_t(a.AltPortNum)
+	c.alt_timeout = C.uint8_t(a.AltTimeout)
+	c.rate_limit = C.uint32_t(a.RateLimit)
+	return c
+}
+
+func attrFromC(c *C.struct_ibv_qp_attr) QPAttr {
+	return QPAttr{
+		State: int(c.qp_state), CurState: int(c.cur_qp_state), PathMTU: int(c.path_mtu),
+		PathMigState: int(c.path_mig_state), QKey: uint32(c.qkey), RQPSN: uint32(c.rq_psn),
+		SQPSN: uint32(c.sq_psn), DestQPN: uint32(c.dest_qp_num), AccessFlags: uint32(c.qp_access_flags),
+		Cap: QPCap{MaxSendWR: uint32(c.cap.max_send_wr), MaxRecvWR: uint32(c.cap.max_recv_wr),
+			MaxSendSGE: uint32(c.cap.max_send_sge), MaxRecvSGE: uint32(c.cap.max_recv_sge),
+			MaxInlineData: uint32(c.cap.max_inline_data)},
+		AH: ahFromC(&c.ah_attr), AltAH: ahFromC(&c.alt_ah_attr), PKeyIndex: uint16(c.pkey_index),
+		AltPKeyIndex: uint16(c.alt_pkey_index), EnSQDAsyncNotify: c.en_sqd_async_notify != 0,
+		SQDraining: c.sq_draining != 0, MaxRdAtomic: uint8(c.max_rd_atomic),
+		MaxDestRdAtomic: uint8(c.max_dest_rd_atomic), MinRNRTimer: uint8(c.min_rnr_timer),
+		PortNum: uint8(c.port_num), Timeout: uint8(c.timeout), RetryCount: uint8(c.retry_cnt),
+		RNRRetry: uint8(c.rnr_retry), AltPortNum: uint8(c.alt_port_num), AltTimeout: uint8(c.alt_timeout),
+		RateLimit: uint32(c.rate_limit),
+	}
+}
+
+// Key identifies the context's C object, for telling whether two Contexts
+// wrap the same one.
+func (c *Context) Key() uintptr { return uintptr(unsafe.Pointer(c.c)) }

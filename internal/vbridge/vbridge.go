@@ -1,0 +1,29 @@
+// Package vbridge lets package rdmacm reach the internal/ibv handles inside
+// package verbs' objects, and wrap librdmacm's handles as verbs objects,
+// without verbs exporting either. Package verbs fills the functions in when
+// it is initialised; rdmacm imports verbs, so they are set before rdmacm
+// runs. The any values are verbs' own types (*verbs.PD, verbs.QPAttr, …).
+package vbridge
+
+import "github.com/rdmago/rdmago/internal/ibv"
+
+var (
+	// Context is a *verbs.Device's context, nil once it is closed.
+	Context func(dev any) *ibv.Context
+	// PD is a *verbs.PD's handle, nil once it is closed.
+	PD func(pd any) *ibv.PD
+	// CQ is a *verbs.CQ's handle, nil once it is closed.
+	CQ func(cq any) *ibv.CQ
+	// Device wraps a context librdmacm owns as a *verbs.Device whose Close
+	// leaves it open.
+	Device func(c *ibv.Context) any
+	// AdoptQP wraps a QP librdmacm created on the *verbs.PD pd as a
+	// *verbs.QP of type qpType.
+	AdoptQP func(pd any, qp *ibv.QP, qpType int) any
+	// QPAttr converts to a verbs.QPAttr.
+	QPAttr func(a *ibv.QPAttr) any
+	// AHAttr converts to a verbs.AHAttr.
+	AHAttr func(a *ibv.AHAttr) any
+	// QPCap converts a verbs.QPCap.
+	QPCap func(c any) ibv.QPCap
+)

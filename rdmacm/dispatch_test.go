@@ -1,0 +1,280 @@
+package rdmacm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/rdmago/rdmago/internal/cma"
+)
+
+// fakeSource is an event channel the test feeds by hand.
+type fakeSource struct {
+	events chan rawEvent
+	fail   chan error
+}
+
+func newFakeSource() *fakeSource {
+	return &fakeSource{events: make(chan rawEvent, 64), fail: make(chan error, 1)}
+}
+
+func (s *fakeSource) newID(token uint64, ps PortSpace) (cmHandle, error) {
+	return &fakeHandle{token: token}, nil
+}
+
+func (s *fakeSource) read() (rawEvent, error) {
+	select {
+	case re := <-s.events:
+		return re, nil
+	case err := <-s.fail:
+		return rawEvent{}, err
+	}
+}
+
+func (s *fakeSource) send(token uint64, t EventType, child cmHandle) {
+	s.events <- rawEvent{ev: &event{Type: t}, token: token, child: child}
+}
+
+// fakeHandle records what the dispatcher did to an id. Methods the
+// dispatcher must not call are left to the nil embedded interface, so
+// that a call panics.
+type fakeHandle struct {
+	cmHandle
+	mu        sync.Mutex
+	token     uint64
+	destroyed int
+	rejected  int
+}
+
+func (h *fakeHandle) SetToken(t uint64) { h.mu.Lock(); h.token = t; h.mu.Unlock() }
+func (h *fakeHandle) Destroy() error    { h.mu.Lock(); h.destroyed++; h.mu.Unlock(); return nil }
+func (h *fakeHandle) Reject([]byte) error {
+	h.mu.Lock()
+	h.rejected++
+	h.mu.Unlock()
+	return nil
+}
+func (h *fakeHandle) LocalAddr() cma.SockAddr { return cma.SockAddr{AP: netip.MustParseAddrPort("10.0.0.1:1")} }
+func (h *fakeHandle) PeerAddr() cma.SockAddr  { return cma.SockAddr{AP: netip.MustParseAddrPort("10.0.0.2:2")} }
+func (h *fakeHandle) DeviceName() string      { return "fake0" }
+func (h *fakeHandle) PortNum() int            { return 1 }
+
+func (h *fakeHandle) counts() (destroyed, rejected int) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.destroyed, h.rejected
+}
+
+// settle waits until the goroutines a test started are gone. (Not with
+// assert.Eventually, whose own goroutine would count.)
+func settle(t *testing.T, before int) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); runtime.NumGoroutine() > before; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			buf := make([]byte, 1<<16)
+			t.Fatalf("goroutines left behind:\n%s", buf[:runtime.Stack(buf, true)])
+		}
+	}
+}
+
+func nextWithin(t *testing.T, id *cmID) *event {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	ev, err := id.next(ctx)
+	require.NoError(t, err)
+	return ev
+}
+
+func TestDispatcherKeepsEachIDsEventsInOrder(t *testing.T) {
+	before := runtime.NumGoroutine()
+	src := newFakeSource()
+	ch := newChannel(src)
+	a, err := ch.newID(PortSpaceTCP)
+	require.NoError(t, err)
+	b, err := ch.newID(PortSpaceTCP)
+	require.NoError(t, err)
+	order := []EventType{EventAddrResolved, EventRouteResolved, EventConnectResponse, EventEstablished}
+	for _, typ := range order {
+		src.send(a.token, typ, nil)
+		src.send(b.token, typ, nil)
+	}
+	// b's consumer is slow: a's events still arrive, all of them, in order.
+	for _, want := range order {
+		assert.Equal(t, want, nextWithin(t, a).Type)
+	}
+	for _, want := range order {
+		assert.Equal(t, want, nextWithin(t, b).Type)
+	}
+	a.close()
+	b.close()
+	src.fail <- errors.New("test over")
+	settle(t, before)
+}
+
+func TestConnectRequestGetsAnIDOfItsOwn(t *testing.T) {
+	src := newFakeSource()
+	ch := newChannel(src)
+	l, err := ch.newID(PortSpaceUDP)
+	require.NoError(t, err)
+	child := &fakeHandle{token: l.token} // librdmacm gives it the listener's context
+	src.send(l.token, EventConnectRequest, child)
+	ev := nextWithin(t, l)
+	require.Equal(t, EventConnectRequest, ev.Type)
+	require.NotNil(t, ev.child)
+	assert.Equal(t, PortSpaceUDP, ev.child.ps, "the request's id takes the listener's port space")
+	assert.NotEqual(t, l.token, ev.child.token)
+	child.mu.Lock()
+	assert.Equal(t, ev.child.token, child.token, "the C id's context must route its events to the new id")
+	child.mu.Unlock()
+
+	// The new id's own events reach it, not the listener.
+	src.send(ev.child.token, EventEstablished, nil)
+	assert.Equal(t, EventEstablished, nextWithin(t, ev.child).Type)
+	assert.Nil(t, l.poll())
+	ev.child.close()
+	l.close()
+	src.fail <- errors.New("test over")
+}
+
+func TestRequestsNoOneWillSeeAreRefusedAndDestroyed(t *testing.T) {
+	src := newFakeSource()
+	ch := newChannel(src)
+
+	// Queued on an id that is then closed.
+	l, err := ch.newID(PortSpaceTCP)
+	require.NoError(t, err)
+	queued := &fakeHandle{}
+	src.send(l.token, EventConnectRequest, queued)
+	require.Eventually(t, func() bool {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		return len(l.queue) == 1
+	}, 5*time.Second, time.Millisecond)
+	l.close()
+	d, r := queued.counts()
+	assert.Equal(t, 1, r, "a queued request of a closed id is rejected")
+	assert.Equal(t, 1, d, "and its id destroyed")
+
+	// Arriving for an id that is gone.
+	late := &fakeHandle{}
+	src.send(l.token, EventConnectRequest, late)
+	assert.Eventually(t, func() bool { d, r := late.counts(); return d == 1 && r == 1 }, 5*time.Second, time.Millisecond,
+		"a request for a closed listener is rejected and destroyed")
+	src.fail <- errors.New("test over")
+}
+
+func TestHandlerGetsQueuedEventsFirst(t *testing.T) {
+	src := newFakeSource()
+	ch := newChannel(src)
+	id, err := ch.newID(PortSpaceTCP)
+	require.NoError(t, err)
+	src.send(id.token, EventEstablished, nil)
+	require.Eventually(t, func() bool {
+		id.mu.Lock()
+		defer id.mu.Unlock()
+		return len(id.queue) == 1
+	}, 5*time.Second, time.Millisecond)
+	var mu sync.Mutex
+	var got []EventType
+	id.setHandler(func(ev *event) { mu.Lock(); got = append(got, ev.Type); mu.Unlock() })
+	src.send(id.token, EventDisconnected, nil)
+	src.send(id.token, EventTimewaitExit, nil)
+	assert.Eventually(t, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return fmt.Sprint(got) == fmt.Sprint([]EventType{EventEstablished, EventDisconnected, EventTimewaitExit})
+	}, 5*time.Second, time.Millisecond)
+	id.close()
+	src.fail <- errors.New("test over")
+}
+
+func TestWaitForEventEndsWithItsContextOrClose(t *testing.T) {
+	before := runtime.NumGoroutine()
+	src := newFakeSource()
+	ch := newChannel(src)
+	id, err := ch.newID(PortSpaceTCP)
+	require.NoError(t, err)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	_, err = id.next(ctx)
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
+
+	done := make(chan error)
+	go func() {
+		_, err := id.next(context.Background())
+		done <- err
+	}()
+	time.Sleep(10 * time.Millisecond)
+	id.close()
+	select {
+	case err := <-done:
+		assert.ErrorIs(t, err, ErrClosed)
+	case <-time.After(5 * time.Second):
+		t.Fatal("a wait outlived its id's close")
+	}
+	src.fail <- errors.New("test over")
+	settle(t, before)
+}
+
+func TestFailingChannelReachesEveryWaiter(t *testing.T) {
+	before := runtime.NumGoroutine()
+	src := newFakeSource()
+	ch := newChannel(src)
+	waiting, err := ch.newID(PortSpaceTCP)
+	require.NoError(t, err)
+	handled, err := ch.newID(PortSpaceTCP)
+	require.NoError(t, err)
+	got := make(chan *event, 1)
+	handled.setHandler(func(ev *event) { got <- ev })
+	l := &Listener{id: waiting, addr: netip.MustParseAddrPort("10.0.0.1:7471"), reqs: make(chan *ConnRequest), closed: make(chan struct{})}
+
+	errs := make(chan error, 2)
+	go func() {
+		_, err := waiting.next(context.Background())
+		errs <- err
+	}()
+	go func() {
+		_, err := l.Request(context.Background())
+		errs <- err
+	}()
+	time.Sleep(10 * time.Millisecond)
+	src.fail <- errors.New("epoll broke")
+
+	for range 2 {
+		select {
+		case err := <-errs:
+			assert.ErrorIs(t, err, ErrEventChannel)
+			assert.ErrorContains(t, err, "epoll broke", "the cause is kept")
+		case <-time.After(5 * time.Second):
+			t.Fatal("a waiter did not learn that the channel failed")
+		}
+	}
+	select {
+	case ev := <-got:
+		assert.Equal(t, eventChannelFailed, ev.Type)
+		assert.ErrorIs(t, ev.err, ErrEventChannel)
+	case <-time.After(5 * time.Second):
+		t.Fatal("an id with a handler did not learn that the channel failed")
+	}
+	// A handler set afterwards learns at once too.
+	late, err := ch.newID(PortSpaceTCP)
+	require.ErrorIs(t, err, ErrEventChannel, "no new id on a dead channel")
+	require.Nil(t, late)
+	again := make(chan *event, 1)
+	handled.setHandler(func(ev *event) { again <- ev })
+	assert.Equal(t, eventChannelFailed, (<-again).Type)
+
+	waiting.close()
+	handled.close()
+	settle(t, before)
+}

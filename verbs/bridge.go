@@ -1,0 +1,22 @@
+package verbs
+
+import (
+	"github.com/rdmago/rdmago/internal/ibv"
+	"github.com/rdmago/rdmago/internal/vbridge"
+)
+
+// What package rdmacm needs of verbs' objects, handed over through an
+// internal package rather than exported (see internal/vbridge).
+func init() {
+	vbridge.Context = func(dev any) *ibv.Context {
+		c, _ := dev.(*Device).context()
+		return c
+	}
+	vbridge.PD = func(pd any) *ibv.PD { return pd.(*PD).pd }
+	vbridge.CQ = func(cq any) *ibv.CQ { return cq.(*CQ).handle() }
+	vbridge.Device = func(c *ibv.Context) any { return borrowDevice(c) }
+	vbridge.AdoptQP = func(pd any, qp *ibv.QP, qpType int) any { return adoptQP(pd.(*PD), qp, QPType(qpType)) }
+	vbridge.QPAttr = func(a *ibv.QPAttr) any { return attrFromIBV(a) }
+	vbridge.AHAttr = func(a *ibv.AHAttr) any { return ahFromIBV(a) }
+	vbridge.QPCap = func(c any) ibv.QPCap { return capToIBV(c.(QPCap)) }
+}

@@ -1,0 +1,261 @@
+package verbs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"syscall"
+
+	"github.com/rdmago/rdmago/internal/fdwait"
+	"github.com/rdmago/rdmago/internal/ibv"
+)
+
+// Devices lists the RDMA devices of this host (ibv_get_device_list).
+func Devices() ([]DeviceInfo, error) {
+	list, err := ibv.Devices()
+	if err != nil {
+		return nil, &OpError{Op: "ibv_get_device_list", Err: noCgo(err),
+			Hint: "is the ib_uverbs module loaded and /dev/infiniband readable?"}
+	}
+	out := make([]DeviceInfo, 0, len(list))
+	for _, d := range list {
+		out = append(out, deviceInfoOf(d))
+	}
+	return out, nil
+}
+
+func deviceInfoOf(d ibv.DeviceInfo) DeviceInfo {
+	return DeviceInfo{Name: d.Name, Transport: Transport(d.Transport), NodeType: NodeType(d.NodeType), GUID: d.GUID}
+}
+
+// noCgo turns the wall's ErrNoCgo into ours.
+func noCgo(err error) error {
+	if errors.Is(err, ibv.ErrNoCgo) {
+		return ErrNoCgo
+	}
+	return err
+}
+
+// Device is an opened RDMA device (struct ibv_context). Close it when done;
+// every PD, CQ and QP made from it must be released first.
+type Device struct {
+	Info DeviceInfo
+
+	mu  sync.Mutex
+	ctx *ibv.Context // nil once closed
+	// borrowed contexts belong to another library (librdmacm): Close
+	// leaves them open.
+	borrowed bool
+
+	stopEvents func()        // ends the event reader, if one runs
+	eventsDone chan struct{} // closed when it has ended
+}
+
+// Open opens the device with the given name.
+func Open(name string) (*Device, error) {
+	ctx, op, err := ibv.Open(name)
+	if err == nil {
+		return &Device{Info: deviceInfoOf(ctx.Info), ctx: ctx}, nil
+	}
+	e := &OpError{Op: op, Device: name, Err: noCgo(err)}
+	if errors.Is(err, syscall.ENODEV) {
+		var names []string
+		if list, lerr := ibv.Devices(); lerr == nil {
+			for _, d := range list {
+				names = append(names, d.Name)
+			}
+		}
+		e.Hint = fmt.Sprintf("no such RDMA device; this host has %v", names)
+	}
+	return nil, e
+}
+
+// borrowDevice wraps a context that librdmacm owns.
+func borrowDevice(c *ibv.Context) *Device {
+	return &Device{Info: deviceInfoOf(c.Info), ctx: c, borrowed: true}
+}
+
+// Close releases the device, ending its Events channel first.
+func (d *Device) Close() error {
+	d.mu.Lock()
+	stop, done := d.stopEvents, d.eventsDone
+	d.stopEvents = nil
+	d.mu.Unlock()
+	if stop != nil {
+		stop()
+		<-done
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.ctx == nil {
+		return nil
+	}
+	if err := d.ctx.Close(); err != nil {
+		return &OpError{Op: "ibv_close_device", Device: d.Info.Name, Err: err}
+	}
+	d.ctx = nil
+	return nil
+}
+
+func (d *Device) context() (*ibv.Context, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.ctx == nil {
+		return nil, &OpError{Op: "use device", Device: d.Info.Name, Err: syscall.EBADF, Hint: "the device is closed"}
+	}
+	return d.ctx, nil
+}
+
+// Query returns the device's capabilities (ibv_query_device).
+func (d *Device) Query() (DeviceAttr, error) {
+	ctx, err := d.context()
+	if err != nil {
+		return DeviceAttr{}, err
+	}
+	a, err := ctx.QueryDevice()
+	if err != nil {
+		return DeviceAttr{}, &OpError{Op: "ibv_query_device", Device: d.Info.Name, Err: err}
+	}
+	return DeviceAttr(a), nil
+}
+
+// QueryPort returns the state of port (numbered from 1) (ibv_query_port).
+func (d *Device) QueryPort(port int) (PortAttr, error) {
+	ctx, err := d.context()
+	if err != nil {
+		return PortAttr{}, err
+	}
+	if port < 1 || port > 255 {
+		return PortAttr{}, &OpError{Op: "ibv_query_port", Device: d.Info.Name, Port: port, Err: syscall.EINVAL,
+			Hint: "ports are numbered from 1"}
+	}
+	a, err := ctx.QueryPort(port)
+	if err != nil {
+		return PortAttr{}, &OpError{Op: "ibv_query_port", Device: d.Info.Name, Port: port, Err: err}
+	}
+	return PortAttr{
+		State:        PortState(a.State),
+		MaxMTU:       MTU(a.MaxMTU),
+		ActiveMTU:    MTU(a.ActiveMTU),
+		GIDTableLen:  a.GIDTableLen,
+		PKeyTableLen: a.PKeyTableLen,
+		PortCapFlags: a.PortCapFlags,
+		LID:          a.LID,
+		SMLID:        a.SMLID,
+		LMC:          a.LMC,
+		ActiveWidth:  a.ActiveWidth,
+		ActiveSpeed:  a.ActiveSpeed,
+		PhysState:    a.PhysState,
+		LinkLayer:    LinkLayer(a.LinkLayer),
+	}, nil
+}
+
+// GIDTable returns the valid entries of every port's GID table, with type
+// and netdev, in one call (ibv_query_gid_table; rdma-core falls back to
+// sysfs on kernels without the ioctl). Empty slots are not returned.
+func (d *Device) GIDTable() ([]GIDEntry, error) {
+	ctx, err := d.context()
+	if err != nil {
+		return nil, err
+	}
+	attr, err := d.Query()
+	if err != nil {
+		return nil, err
+	}
+	max := 0
+	for p := 1; p <= attr.PhysicalPortCount; p++ {
+		pa, err := d.QueryPort(p)
+		if err != nil {
+			return nil, err
+		}
+		max += pa.GIDTableLen
+	}
+	if max == 0 {
+		return nil, nil
+	}
+	entries, err := ctx.QueryGIDTable(max)
+	if err != nil {
+		return nil, &OpError{Op: "ibv_query_gid_table", Device: d.Info.Name, Err: err}
+	}
+	out := make([]GIDEntry, 0, len(entries))
+	for _, e := range entries {
+		out = append(out, gidEntryOf(e))
+	}
+	return out, nil
+}
+
+// QueryGID returns one GID table entry (ibv_query_gid_ex). An empty slot
+// fails with ENODATA.
+func (d *Device) QueryGID(port, index int) (GIDEntry, error) {
+	ctx, err := d.context()
+	if err != nil {
+		return GIDEntry{}, err
+	}
+	e, err := ctx.QueryGID(port, index)
+	if err != nil {
+		return GIDEntry{}, &OpError{Op: "ibv_query_gid_ex", Device: d.Info.Name, Port: port,
+			Detail: fmt.Sprintf("index %d", index), Err: err}
+	}
+	return gidEntryOf(e), nil
+}
+
+func gidEntryOf(e ibv.GIDEntry) GIDEntry {
+	return GIDEntry{Index: e.Index, Port: e.Port, GID: GID(e.GID), Type: GIDType(e.Type), NetdevIndex: e.NetdevIndex}
+}
+
+// Events delivers the device's asynchronous events (port up and down, GID
+// table changes, QP errors, device fatal) until ctx ends or the device is
+// closed; then the channel is closed. Each event is acknowledged once read.
+// The device's async fd waits in Go's runtime poller. One reader per device.
+func (d *Device) Events(ctx context.Context) (<-chan AsyncEvent, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.ctx == nil {
+		return nil, &OpError{Op: "events", Device: d.Info.Name, Err: syscall.EBADF, Hint: "the device is closed"}
+	}
+	if d.stopEvents != nil {
+		select {
+		case <-d.eventsDone: // the previous reader has ended
+		default:
+			return nil, &OpError{Op: "events", Device: d.Info.Name, Err: syscall.EBUSY, Hint: "the device already has an event reader"}
+		}
+	}
+	wait, err := fdwait.New(d.ctx.AsyncFD(), "async event fd")
+	if err != nil {
+		return nil, &OpError{Op: "events", Device: d.Info.Name, Err: err}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	out := make(chan AsyncEvent, 16)
+	done := make(chan struct{})
+	d.stopEvents, d.eventsDone = cancel, done
+	ibctx, name := d.ctx, d.Info.Name
+	isPort := func(t int) bool { return EventType(t).isPortEvent() }
+	isQP := func(t int) bool { return EventType(t).isQPEvent() }
+	go func() {
+		defer close(done)
+		defer close(out)
+		defer wait.Close()
+		for {
+			var ev AsyncEvent
+			err := wait.Wait(ctx, func() bool {
+				e, ok := ibctx.GetAsyncEvent(isPort, isQP)
+				if ok {
+					ev = AsyncEvent{Device: name, Type: EventType(e.Type), Port: e.Port, QPN: e.QPN}
+				}
+				return ok // false: none queued, wait in the poller
+			})
+			if err != nil {
+				// The context ended, or the fd failed: nothing more will come.
+				cancel()
+				return
+			}
+			select {
+			case out <- ev:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	return out, nil
+}

@@ -1,0 +1,286 @@
+package verbs
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+	"syscall"
+
+	"github.com/rdmago/rdmago/internal/ibv"
+)
+
+// QP is a queue pair (struct ibv_qp). Modify checks every transition in Go
+// before the driver sees it; the QP remembers its state and port for that.
+type QP struct {
+	Type QPType
+	QPN  uint32
+
+	pd *PD
+
+	mu    sync.Mutex // qp, state, port, and the QP's post scratch
+	qp    *ibv.QP    // nil once closed
+	state QPState
+	port  int
+	// adopted QPs were created by librdmacm, which moves and destroys
+	// them: State queries the QP.
+	adopted bool
+}
+
+// CreateQP creates a queue pair in RESET.
+func (p *PD) CreateQP(init QPInit) (*QP, error) {
+	if init.SendCQ == nil || init.RecvCQ == nil {
+		return nil, &OpError{Op: "ibv_create_qp", Device: p.dev.Info.Name, Err: syscall.EINVAL, Hint: "SendCQ and RecvCQ are required"}
+	}
+	scq, rcq := init.SendCQ.handle(), init.RecvCQ.handle()
+	if scq == nil || rcq == nil || p.pd == nil {
+		return nil, &OpError{Op: "ibv_create_qp", Device: p.dev.Info.Name, Err: syscall.EBADF, Hint: "the PD or a CQ is closed"}
+	}
+	qp, err := p.pd.CreateQP(&ibv.QPInit{Type: int(init.Type), SendCQ: scq, RecvCQ: rcq, Cap: capToIBV(init.Cap), SignalAll: init.SignalAll})
+	if err != nil {
+		e := &OpError{Op: "ibv_create_qp", Device: p.dev.Info.Name, Detail: fmt.Sprintf("%v %+v", init.Type, init.Cap), Err: err}
+		if p.dev.Info.Transport == TransportIWARP && init.Type != QPTypeRC {
+			e.Hint = "iWARP supports RC QPs only"
+		}
+		return nil, e
+	}
+	return &QP{Type: init.Type, QPN: qp.Num(), pd: p, qp: qp, state: QPStateReset}, nil
+}
+
+func (c *CQ) handle() *ibv.CQ {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.cq
+}
+
+// adoptQP wraps a QP that librdmacm created on pd and moves through its
+// states: State queries the QP, and Close has librdmacm destroy it.
+func adoptQP(pd *PD, qp *ibv.QP, t QPType) *QP {
+	return &QP{Type: t, QPN: qp.Num(), pd: pd, qp: qp, state: QPState(qp.State()), adopted: true}
+}
+
+// State is the state the last successful Modify left the QP in. The device
+// may since have moved it to SQE or ERR; Query tells.
+func (q *QP) State() QPState {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.adopted && q.qp != nil {
+		if s, err := q.qp.QueryState(); err == nil {
+			q.state = QPState(s)
+		}
+	}
+	return q.state
+}
+
+// Modify runs one ibv_modify_qp. The transition (from the QP's state to
+// attr.State, or a modify in place without AttrState) is checked first with
+// ValidateForPort: a missing or unaccepted attribute, an unencodable value,
+// RoCE without GRH, a GID index of an empty slot, a path MTU above the
+// port's active MTU and manual transitions on iWARP never reach the driver.
+func (q *QP) Modify(attr *QPAttr, mask AttrMask) error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if err := q.closedError("modify QP"); err != nil {
+		return err
+	}
+	from, to := q.state, q.state
+	if mask&AttrState != 0 {
+		to = attr.State
+	}
+	port := q.port
+	if mask&AttrPort != 0 {
+		port = int(attr.PortNum)
+	}
+	dev := q.pd.dev
+	var err error
+	if port > 0 {
+		info := PortInfo{Device: dev.Info.Name, Port: port, Transport: dev.Info.Transport}
+		if info.Attr, err = dev.QueryPort(port); err != nil {
+			return err
+		}
+		err = ValidateForPort(q.Type, from, to, attr, mask, info)
+		if err == nil && mask&AttrAV != 0 && attr.AH.IsGlobal {
+			if _, gerr := dev.QueryGID(port, int(attr.AH.GRH.SGIDIndex)); gerr != nil {
+				err = &AttrError{QPType: q.Type, Transition: Transition{from, to}, Problems: []AttrProblem{{Attr: AttrAV,
+					Reason: fmt.Sprintf("source GID index %d of %s port %d is an empty slot (%v): pick the entry of the local source address",
+						attr.AH.GRH.SGIDIndex, dev.Info.Name, port, gerr)}}}
+			}
+		}
+	} else {
+		err = ValidateAttr(q.Type, from, to, attr, mask)
+	}
+	if err != nil {
+		e := &OpError{Op: "modify QP", Device: dev.Info.Name, Port: port, QPN: q.QPN,
+			Detail: Transition{from, to}.String(), Err: err}
+		var ae *AttrError
+		if errors.As(err, &ae) && mask&AttrAV != 0 && port > 0 {
+			e.Hint = gidSuggestions(dev, port)
+		}
+		return e
+	}
+	ca := attrToIBV(attr)
+	if err := q.qp.Modify(&ca, uint32(mask)); err != nil {
+		e := &OpError{Op: "ibv_modify_qp", Device: dev.Info.Name, Port: port, QPN: q.QPN,
+			Detail: fmt.Sprintf("%v %v mask %v", q.Type, Transition{from, to}, mask), Err: err}
+		e.Hint = driverHint(e.Err)
+		// A failed modify leaves the QP as it was, unless the device moved it.
+		if s, err := q.qp.QueryState(); err == nil {
+			q.state = QPState(s)
+		}
+		return e
+	}
+	q.state, q.port = to, port
+	return nil
+}
+
+// Query reads the QP's attributes (ibv_query_qp). In ERR only the state can
+// be trusted.
+func (q *QP) Query(mask AttrMask) (QPAttr, error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if err := q.closedError("ibv_query_qp"); err != nil {
+		return QPAttr{}, err
+	}
+	qa, err := q.qp.Query(uint32(mask | AttrState))
+	if err != nil {
+		return QPAttr{}, &OpError{Op: "ibv_query_qp", Device: q.pd.dev.Info.Name, QPN: q.QPN, Err: err}
+	}
+	a := attrFromIBV(&qa)
+	q.state = a.State
+	return a, nil
+}
+
+// closedError refuses op on a closed QP (whose handle C would dereference).
+func (q *QP) closedError(op string) error {
+	if q.qp == nil {
+		return &OpError{Op: op, Device: q.pd.dev.Info.Name, QPN: q.QPN, Err: syscall.EBADF, Hint: "the QP is closed"}
+	}
+	return nil
+}
+
+// PostSend posts send work requests as one linked list, in one crossing into C.
+// SGE addresses must be registered memory (MR.SGE), never the Go heap.
+func (q *QP) PostSend(wrs ...SendWR) error {
+	if len(wrs) == 0 {
+		return nil
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if err := q.closedError("ibv_post_send"); err != nil {
+		return err
+	}
+	total := 0
+	for _, w := range wrs {
+		total += len(w.SGEs)
+	}
+	desc, sges := q.qp.SendScratch(len(wrs), total)
+	s := 0
+	for i, w := range wrs {
+		d := &desc[i]
+		*d = ibv.SendDesc{ID: w.ID, Opcode: uint32(w.Opcode), Flags: uint32(w.Flags), Imm: w.Imm,
+			NumSGE: uint32(len(w.SGEs)), RemoteAddr: w.RemoteAddr, RKey: w.RKey, CompareAdd: w.CompareAdd,
+			Swap: w.Swap, RemoteQPN: w.RemoteQPN, RemoteQKey: w.RemoteQKey}
+		if w.AH != nil {
+			if w.AH.ah == nil {
+				return &OpError{Op: "ibv_post_send", Device: q.pd.dev.Info.Name, QPN: q.QPN, Err: syscall.EBADF,
+					Detail: fmt.Sprintf("work request %d of %d", i, len(wrs)), Hint: "its AH is closed"}
+			}
+			d.SetAH(w.AH.ah)
+		}
+		s += copySGEs(sges[s:], w.SGEs)
+	}
+	if bad, err := q.qp.PostSend(len(wrs)); err != nil {
+		e := &OpError{Op: "ibv_post_send", Device: q.pd.dev.Info.Name, QPN: q.QPN, Err: err}
+		if bad >= 0 && bad < len(wrs) {
+			e.Detail = fmt.Sprintf("work request %d (%v) of %d", bad, wrs[bad].Opcode, len(wrs))
+		}
+		if q.state != QPStateRTS {
+			e.Hint = fmt.Sprintf("the QP is in %v: sends need RTS", q.state)
+		} else if errors.Is(e.Err, syscall.ENOMEM) {
+			e.Hint = "the send queue is full: poll completions first or raise Cap.MaxSendWR"
+		}
+		return e
+	}
+	return nil
+}
+
+func copySGEs(dst []ibv.SGE, src []SGE) int {
+	for i, s := range src {
+		dst[i] = ibv.SGE(s)
+	}
+	return len(src)
+}
+
+// PostRecv posts receive work requests as one linked list, in one crossing.
+func (q *QP) PostRecv(wrs ...RecvWR) error {
+	if len(wrs) == 0 {
+		return nil
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if err := q.closedError("ibv_post_recv"); err != nil {
+		return err
+	}
+	total := 0
+	for _, w := range wrs {
+		total += len(w.SGEs)
+	}
+	desc, sges := q.qp.RecvScratch(len(wrs), total)
+	s := 0
+	for i, w := range wrs {
+		desc[i] = ibv.RecvDesc{ID: w.ID, NumSGE: uint32(len(w.SGEs))}
+		s += copySGEs(sges[s:], w.SGEs)
+	}
+	if _, err := q.qp.PostRecv(len(wrs)); err != nil {
+		e := &OpError{Op: "ibv_post_recv", Device: q.pd.dev.Info.Name, QPN: q.QPN, Err: err}
+		if errors.Is(e.Err, syscall.ENOMEM) {
+			e.Hint = "the receive queue is full: raise Cap.MaxRecvWR"
+		}
+		return e
+	}
+	return nil
+}
+
+// Close destroys the QP and frees its scratch memory.
+func (q *QP) Close() error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.qp == nil {
+		return nil
+	}
+	if err := q.qp.Destroy(); err != nil {
+		return &OpError{Op: "ibv_destroy_qp", Device: q.pd.dev.Info.Name, QPN: q.QPN, Err: err}
+	}
+	q.qp = nil
+	return nil
+}
+
+// gidSuggestions lists a port's routable RoCE GID entries, for errors about
+// the address vector. The right one is the entry of the source address on
+// the egress netdev (what the kernel CM and our resolver choose).
+func gidSuggestions(dev *Device, port int) string {
+	table, err := dev.GIDTable()
+	if err != nil {
+		return ""
+	}
+	var cands []string
+	for _, e := range table {
+		ip := e.GID.IP()
+		if e.Port != port || ip.IsLinkLocalUnicast() || (e.Type != GIDTypeRoCEv2 && e.Type != GIDTypeRoCEv1) {
+			continue
+		}
+		netdev := "?"
+		if ifc, err := net.InterfaceByIndex(e.NetdevIndex); err == nil {
+			netdev = ifc.Name
+		}
+		cands = append(cands, fmt.Sprintf("%d (%v, %v, %s)", e.Index, ip, e.Type, netdev))
+	}
+	if len(cands) == 0 {
+		return "the port's GID table has no routable RoCE entry: does its netdev have an IP address?"
+	}
+	if len(cands) > 6 {
+		cands = append(cands[:6], "…")
+	}
+	return "GID indexes of this port by source address: " + strings.Join(cands, ", ")
+}
