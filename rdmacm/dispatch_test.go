@@ -62,10 +62,14 @@ func (h *fakeHandle) Reject([]byte) error {
 	h.mu.Unlock()
 	return nil
 }
-func (h *fakeHandle) LocalAddr() cma.SockAddr { return cma.SockAddr{AP: netip.MustParseAddrPort("10.0.0.1:1")} }
-func (h *fakeHandle) PeerAddr() cma.SockAddr  { return cma.SockAddr{AP: netip.MustParseAddrPort("10.0.0.2:2")} }
-func (h *fakeHandle) DeviceName() string      { return "fake0" }
-func (h *fakeHandle) PortNum() int            { return 1 }
+func (h *fakeHandle) LocalAddr() cma.SockAddr {
+	return cma.SockAddr{AP: netip.MustParseAddrPort("10.0.0.1:1")}
+}
+func (h *fakeHandle) PeerAddr() cma.SockAddr {
+	return cma.SockAddr{AP: netip.MustParseAddrPort("10.0.0.2:2")}
+}
+func (h *fakeHandle) DeviceName() string { return "fake0" }
+func (h *fakeHandle) PortNum() int       { return 1 }
 
 func (h *fakeHandle) counts() (destroyed, rejected int) {
 	h.mu.Lock()

@@ -15,28 +15,7 @@ import (
 	"github.com/rdmago/rdmago/verbs"
 )
 
-// Options refine Resolve.
-type Options struct {
-	// Source is the local address to send from (rdma_resolve_addr's source).
-	// Default: the route's preferred source.
-	Source netip.Addr
-	// Interface makes the route leave by this netdev.
-	Interface string
-	// RoCE is the GID type; default: the port's default (see DefaultGIDType).
-	RoCE RoCEVersion
-	// Table is the GID tables to choose from; nil reads them (ReadTable).
-	Table *Table
-	// Configfs is the configfs root for default_roce_mode; nil reads
-	// /sys/kernel/config when present.
-	Configfs fs.FS
-	// Network is the address family ResolveHost looks names up in: "ip4",
-	// "ip6" or "ip" (default: either, the first answer).
-	Network string
-}
-
-// ResolveHost looks host up (a name or an address) in the family
-// opts.Network names and resolves the first address.
-func ResolveHost(ctx context.Context, host string, opts Options) (*Path, error) {
+func resolveHost(ctx context.Context, host string, opts Options) (*Path, error) {
 	network := opts.Network
 	if network == "" {
 		network = "ip"
@@ -57,20 +36,10 @@ func ResolveHost(ctx context.Context, host string, opts Options) (*Path, error) 
 	if len(addrs) == 0 {
 		return nil, fmt.Errorf("resolver: %q has no %s address", host, network)
 	}
-	return Resolve(ctx, addrs[0].Unmap(), opts)
+	return resolve(ctx, addrs[0].Unmap(), opts)
 }
 
-// Resolve finds the RDMA path to dst as the kernel CM would: route lookup
-// for dst (with the source and interface if given) gives the egress netdev
-// and source address; the RDMA port is the one with GID entries for that
-// netdev; the GID entry is the one holding the source address, of the port's
-// default type, tagged with the egress netdev. A destination on this host
-// routes through lo, which RDMA does not use: as the kernel does, the path
-// then leaves by the netdev that owns the address.
-//
-// It runs in the caller's network namespace. On failure the error is a
-// *ResolveError whose Path explains what was decided before it failed.
-func Resolve(ctx context.Context, dst netip.Addr, opts Options) (*Path, error) {
+func resolve(ctx context.Context, dst netip.Addr, opts Options) (*Path, error) {
 	p := &Path{Destination: dst, GIDIndex: -1, HopLimit: 64}
 	fail := func(err error) (*Path, error) {
 		p.note("FAILED: %v", err)

@@ -1,5 +1,3 @@
-//go:build linux
-
 // Package fdwait waits for C libraries' file descriptors (a completion
 // channel, a device's async fd, an rdma_cm event channel) in Go's runtime
 // poller, so that a goroutine waiting on one parks no OS thread, and a

@@ -33,7 +33,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/rdmago/rdmago/test/testbed/internal/agent"
@@ -293,7 +292,7 @@ func boot(ctx context.Context, o Options, a *Assets, role string, extra []string
 	var qemuOut bytes.Buffer
 	g.qemu.Stdout, g.qemu.Stderr = &qemuOut, &qemuOut
 	// qemu must not outlive us even if we die without cleaning up.
-	g.qemu.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	g.qemu.SysProcAttr = dieWithParent()
 	o.logf("booting guest %q (%s, %d vCPUs)", role, a.Accel, o.CPUs)
 	start := time.Now()
 	if err := g.qemu.Start(); err != nil {
