@@ -26,8 +26,7 @@ resolve route:       29.00       1.00     250.00     290.00
 create qp    :      104.00       2.00     900.00    1040.00
 connect      :      700.00      70.00    6000.00    7000.00
 disconnect   :      326.00      30.00    3000.00    3260.00
-destroy qp   :       68.00       1.00     600.00     680.00
-destroy id   :       17.00       0.50     150.00     170.00
+destroy      :       17.00       0.50     150.00     170.00
 go process: 10 OS threads created, peak RSS 25000 kB
 `
 )
@@ -38,21 +37,20 @@ func TestStepRowsComparesTheSameWork(t *testing.T) {
 	g, err := stepRows(goTable, true)
 	require.NoError(t, err)
 
-	// C destroys each QP inside its disconnect step; ours is timed apart
-	// and counts with our disconnect.
-	assert.InDelta(t, 2580.0, c["disconnect, destroy qp"], 1e-9)
-	assert.InDelta(t, 3260.0+680.0, g["disconnect, destroy qp"], 1e-9)
-	assert.InDelta(t, 50.0, c["destroy id"], 1e-9, "C's destroy is rdma_destroy_id alone")
-	assert.InDelta(t, 170.0, g["destroy id"], 1e-9)
+	// Both destroy each QP inside their disconnect step.
+	assert.InDelta(t, 2580.0, c["disconnect"], 1e-9)
+	assert.InDelta(t, 3260.0, g["disconnect"], 1e-9)
+	assert.InDelta(t, 50.0, c["destroy"], 1e-9)
+	assert.InDelta(t, 170.0, g["destroy"], 1e-9)
 
 	// The totals hold every step both tools time, and only those: C's bind
 	// row has no counterpart in ours.
 	assert.InDelta(t, 40.0+230+130+630+5040+2580+50, c["total"], 1e-9)
-	assert.InDelta(t, 100.0+200+290+1040+7000+3260+680+170, g["total"], 1e-9)
+	assert.InDelta(t, 100.0+200+290+1040+7000+3260+170, g["total"], 1e-9)
 }
 
 func TestStepRowsNamesAMissingRow(t *testing.T) {
-	_, err := stepRows("destroy id   :       17.00       0.50     150.00     170.00\n", true)
+	_, err := stepRows("destroy      :       17.00       0.50     150.00     170.00\n", true)
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), `no "create id" row`)
 }

@@ -74,7 +74,7 @@ type Conn struct {
 	group     netip.Addr // multicast: the group joined
 	opts      Options
 
-	id  *cmID // nil for ConnectOverTCP
+	id  *ID // nil for ConnectOverTCP
 	res *resources
 	// ConnectOverTCP: the socket the QP data crossed, kept as liveness signal.
 	tcp     net.Conn
@@ -89,8 +89,8 @@ type Conn struct {
 
 	disconnectOnce sync.Once
 	disconnectErr  error
-	// sendDisconnectOnce guards the disconnect request, which
-	// StartDisconnect or Disconnect sends, at disconnectSent.
+	// sendDisconnectOnce guards the disconnect request, sent at
+	// disconnectSent.
 	sendDisconnectOnce sync.Once
 	sendDisconnectErr  error
 	disconnectSent     time.Time
@@ -181,7 +181,7 @@ func (c *Conn) Err() error {
 
 // end records why the connection ended, once, and flushes the QP: work
 // requests still posted complete with WR_FLUSH_ERR instead of hanging.
-func (c *Conn) end(kind error, ev *event) {
+func (c *Conn) end(kind error, ev *Event) {
 	c.doneOnce.Do(func() {
 		e := c.opError("connection", kind, nil)
 		if ev != nil && ev.Type == eventChannelFailed {
@@ -200,7 +200,7 @@ func (c *Conn) end(kind error, ev *event) {
 // onEvent handles the events of an established connection. ESTABLISHED
 // repeats and TIMEWAIT_EXIT (the QP may be reused) need nothing: the
 // dispatcher has acked them already.
-func (c *Conn) onEvent(ev *event) {
+func (c *Conn) onEvent(ev *Event) {
 	switch ev.Type {
 	case EventDisconnected:
 		// Answer the peer's disconnect now: on InfiniBand and RoCE its
@@ -208,7 +208,7 @@ func (c *Conn) onEvent(ev *event) {
 		// out only when this side is closed. The id cannot be destroyed
 		// meanwhile: handlers run under its lock.
 		if !c.disconnecting.Load() {
-			c.id.disconnect()
+			c.id.Disconnect()
 		}
 		c.end(ErrDisconnected, ev)
 	case EventDeviceRemoval:
@@ -222,13 +222,12 @@ func (c *Conn) onEvent(ev *event) {
 
 func (c *Conn) opError(op string, kind, err error) *OpError {
 	return &OpError{Op: op, Local: c.path.Local, Remote: c.path.Remote, Device: c.path.Device, Port: c.path.Port,
-		QPN: c.QP.QPN, Kind: kind, Err: err}
+		QPN: c.QP.QPN, Kind: kind, Err: cause(err)}
 }
 
-// Disconnect ends the connection without releasing it, so that many
-// connections can be taken down together and released afterwards (as
-// rdma-core's cmtime does): it sends a disconnect (unless StartDisconnect
-// did) and waits until the CM reports the end, up to CloseTimeout or ctx.
+// Disconnect ends the connection without releasing it: it sends a
+// disconnect and waits until the CM reports the end, up to CloseTimeout or
+// ctx.
 // The QP is then in the error state, its posted work requests flushed, and
 // Done is closed. It returns nil if the connection had ended already.
 // Close, which disconnects too, is still needed. A UD connection, or one
@@ -239,14 +238,9 @@ func (c *Conn) Disconnect(ctx context.Context) error {
 	return c.disconnectErr
 }
 
-// StartDisconnect sends the disconnect and returns without waiting for the
-// CM: Done closes when it reports the end, and Disconnect or Close then
-// wait for that. So one goroutine can take many connections down together,
-// a request for each in one loop and the waits in the next, as C programs
-// do. It returns nil if the connection had ended already; UD and
-// ConnectOverTCP connections, which have no CM connection to end, end here
-// at once, as with Disconnect.
-func (c *Conn) StartDisconnect() error {
+// startDisconnect sends the disconnect; Done closes when the CM reports
+// the end. UD and ConnectOverTCP connections end here at once.
+func (c *Conn) startDisconnect() error {
 	if c.tcp != nil || c.QP.Type == verbs.QPTypeUD {
 		return c.Disconnect(context.Background())
 	}
@@ -264,7 +258,7 @@ func (c *Conn) sendDisconnect() error {
 	}
 	sent := time.Now()
 	c.disconnecting.Store(true)
-	if err := c.id.disconnect(); err != nil {
+	if err := c.id.Disconnect(); err != nil {
 		select {
 		case <-c.done:
 			return nil // the peer's disconnect came first
@@ -290,7 +284,7 @@ func (c *Conn) disconnect(ctx context.Context) error {
 		c.end(ErrClosed, nil)
 		return nil
 	}
-	if err := c.StartDisconnect(); err != nil || c.disconnectSent.IsZero() {
+	if err := c.startDisconnect(); err != nil || c.disconnectSent.IsZero() {
 		return err
 	}
 	start := c.disconnectSent
@@ -319,7 +313,7 @@ func (c *Conn) Close() error {
 	c.closeOnce.Do(func() {
 		c.Disconnect(context.Background())
 		if c.group.IsValid() {
-			c.id.leaveMulticast(c.group)
+			c.id.LeaveMulticast(c.group)
 		}
 		c.end(ErrClosed, nil)
 		start := time.Now()
@@ -329,7 +323,7 @@ func (c *Conn) Close() error {
 		c.opts.trace(StepDestroyQP, start)
 		if c.id != nil {
 			start := time.Now()
-			c.id.close()
+			c.id.Close()
 			c.opts.trace(StepDestroyID, start)
 		}
 	})

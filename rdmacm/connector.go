@@ -10,22 +10,11 @@ import (
 	"github.com/rdmago/rdmago/verbs"
 )
 
-// A Connector is a connection being dialed, taken through Dial's steps one
-// call at a time: NewConnector (rdma_create_id), ResolveAddr, ResolveRoute,
-// CreateQP and Connect, in that order. It is for programs that, like
-// rdma-core's cmtime or a pool set up in bulk, run one step for many
-// connections before the next: one goroutine can create every id, or every
-// QP, in a loop, without a goroutine and a hand-over per connection. The
-// network steps wait for the CM and are run concurrently the usual way, a
-// goroutine per connection, or all from one goroutine with Start and then
-// the step's method to wait. Dial is these five calls.
-//
-// A Connector is used by one goroutine at a time; ctx cancels the step it
-// is given. A step that fails leaves the Connector failed: later steps
-// return that error. Close releases what the Connector holds unless Connect
-// has handed it to a Conn; call it on every path (it is harmless after a
-// successful Connect).
-type Connector struct {
+// A connector takes a dial through its steps: newConnector (rdma_create_id),
+// ResolveAddr, ResolveRoute, CreateQP and Connect. A step that fails
+// leaves it failed; Close releases what it holds unless Connect handed it
+// to a Conn.
+type connector struct {
 	e    *endpoint
 	next Step  // the step whose method may run next
 	err  error // the failure that ended the dial
@@ -37,9 +26,9 @@ type Connector struct {
 	closed     bool
 }
 
-// NewConnector checks opts, parses address ("10.0.0.2:7471",
+// newConnector checks opts, parses address ("10.0.0.2:7471",
 // "[fe80::2%eth0]:7471") and creates the CM id: Dial's first step.
-func NewConnector(address string, opts *Options) (*Connector, error) {
+func newConnector(address string, opts *Options) (*connector, error) {
 	o := opts.withDefaults()
 	if err := o.check(); err != nil {
 		return nil, err
@@ -59,12 +48,12 @@ func NewConnector(address string, opts *Options) (*Connector, error) {
 	}
 	o.trace(StepCreateID, start)
 	e := &endpoint{op: "dial", o: &o, id: id, local: addrPort(o.Source), remote: dst}
-	return &Connector{e: e, next: StepResolveAddr}, nil
+	return &connector{e: e, next: StepResolveAddr}, nil
 }
 
 // step admits the call of method, which is step s, or says why not. The
 // error names no device: after Close the id is gone.
-func (c *Connector) step(s Step, method string) error {
+func (c *connector) step(s Step, method string) error {
 	refuse := func(err error) error {
 		return &OpError{Op: method, Local: c.e.local, Remote: c.e.remote, Err: err}
 	}
@@ -74,7 +63,7 @@ func (c *Connector) step(s Step, method string) error {
 	case c.err != nil:
 		return c.err
 	case c.done:
-		return refuse(errors.New("the Connector has connected already"))
+		return refuse(errors.New("the connector has connected already"))
 	case s != c.next:
 		how := "must come first"
 		if s < c.next {
@@ -89,7 +78,7 @@ var connectorMethods = map[Step]string{StepResolveAddr: "ResolveAddr", StepResol
 	StepCreateQP: "CreateQP", StepConnect: "Connect"}
 
 // finish records the outcome of step s; a failure ends the dial.
-func (c *Connector) finish(s Step, err error) error {
+func (c *connector) finish(s Step, err error) error {
 	if err != nil {
 		c.err = err
 		return err
@@ -101,66 +90,16 @@ func (c *Connector) finish(s Step, err error) error {
 	return nil
 }
 
-// Start sends the request of step s, which must be the next step and one
-// that waits for the network (StepResolveAddr, StepResolveRoute or
-// StepConnect), and returns without waiting for the answer. The step's
-// method (ResolveAddr, ResolveRoute or Connect) then waits for it,
-// retrying as it would have itself, with its timeout counted from the
-// wait. So one goroutine can start a step for many connections and then
-// wait for each in turn while the CM works on all of them, as a C program
-// does with one event channel, without a goroutine per connection.
-// Start(StepConnect) runs Options.BeforeConnect. A Start that fails ends
-// the dial, like a failed step.
-func (c *Connector) Start(s Step) error {
-	e := c.e
-	refuse := func(err error) error {
-		return &OpError{Op: "Start", Local: e.local, Remote: e.remote, Err: err}
-	}
-	switch s {
-	case StepResolveAddr, StepResolveRoute, StepConnect:
-	case StepCreateQP:
-		return refuse(errors.New("create qp waits for nothing: call CreateQP"))
-	default:
-		return refuse(fmt.Errorf("%v is not a step a Connector starts (resolve addr, resolve route or connect)", s))
-	}
-	if err := c.step(s, "Start"); err != nil {
-		return err
-	}
-	if e.issued {
-		return refuse(fmt.Errorf("%v is started already: call %s to wait for it", s, connectorMethods[s]))
-	}
-	var err error
-	switch s {
-	case StepResolveAddr:
-		if err = e.setOptions(); err == nil {
-			err = e.issueResolveAddr(e.o.Source)
-		}
-	case StepResolveRoute:
-		err = e.issueResolveRoute()
-	case StepConnect:
-		err = e.issueConnect()
-	}
-	if err != nil {
-		c.err = err
-		return err
-	}
-	e.issued = true
-	return nil
-}
-
 // ResolveAddr applies the id's options (TOS, reuse, ACK timeout) and
 // resolves the destination to a local RDMA device and port, with
 // Options.ResolveAddrTimeout and ResolveRetries. It refuses a mode the
 // device cannot do (UD or ModeManual on iWARP).
-func (c *Connector) ResolveAddr(ctx context.Context) error {
+func (c *connector) ResolveAddr(ctx context.Context) error {
 	if err := c.step(StepResolveAddr, "ResolveAddr"); err != nil {
 		return err
 	}
 	e := c.e
-	var err error
-	if !e.issued { // else Start applied them
-		err = e.setOptions()
-	}
+	err := e.setOptions()
 	if err == nil {
 		err = e.resolveAddr(ctx, e.o.Source)
 	}
@@ -169,7 +108,7 @@ func (c *Connector) ResolveAddr(ctx context.Context) error {
 
 // ResolveRoute resolves the route to the destination, with
 // Options.ResolveRouteTimeout and ResolveRetries.
-func (c *Connector) ResolveRoute(ctx context.Context) error {
+func (c *connector) ResolveRoute(ctx context.Context) error {
 	if err := c.step(StepResolveRoute, "ResolveRoute"); err != nil {
 		return err
 	}
@@ -178,7 +117,7 @@ func (c *Connector) ResolveRoute(ctx context.Context) error {
 
 // CreateQP makes the PD (unless Options.PD), the CQs and the QP; in
 // ModeManual the QP is taken to INIT. It waits for nothing.
-func (c *Connector) CreateQP() error {
+func (c *connector) CreateQP() error {
 	if err := c.step(StepCreateQP, "CreateQP"); err != nil {
 		return err
 	}
@@ -187,9 +126,9 @@ func (c *Connector) CreateQP() error {
 
 // Connect sends the connect request with Options.PrivateData, waits up to
 // Options.ConnectTimeout for the peer's answer and returns the connection,
-// which from then on owns every resource (Close on the Connector no longer
+// which from then on owns every resource (Close on the connector no longer
 // releases anything). Its errors are Dial's.
-func (c *Connector) Connect(ctx context.Context) (*Conn, error) {
+func (c *connector) Connect(ctx context.Context) (*Conn, error) {
 	if err := c.step(StepConnect, "Connect"); err != nil {
 		return nil, err
 	}
@@ -209,14 +148,12 @@ func (c *Connector) Connect(ctx context.Context) (*Conn, error) {
 // reported, or nil when the release goes on in the background: an iWARP
 // connect that was cancelled or timed out may still be pending in the
 // kernel, which holds up destroying the id for up to about 10 s.
-func (c *Connector) Close() error {
+func (c *connector) Close() error {
 	if c.closed || c.done {
 		c.closed = true
 		return nil
 	}
 	c.closed = true
-	// A connect that Start sent and no one waited for may still be pending
-	// in the kernel as well.
 	if c.background || (c.e.iwarp && c.e.connecting) {
 		go c.e.abort()
 		return nil
@@ -224,14 +161,12 @@ func (c *Connector) Close() error {
 	return c.e.abort()
 }
 
-// connect is Dial's last step: the request (unless Connector.Start sent
-// it), the answer and, in ModeManual, the QP's moves and the RTU.
+// connect is Dial's last step: the request, the answer and, in
+// ModeManual, the QP's moves and the RTU.
 func (e *endpoint) connect(ctx context.Context) (*Conn, error) {
 	o := e.o
-	if !e.takeIssued() {
-		if err := e.issueConnect(); err != nil {
-			return nil, err
-		}
+	if err := e.issueConnect(); err != nil {
+		return nil, err
 	}
 	start := e.issuedAt
 	ev, err := e.await(ctx, "connect", o.ConnectTimeout)
@@ -256,12 +191,12 @@ func (e *endpoint) connect(ctx context.Context) (*Conn, error) {
 		o.trace(StepConnect, start)
 		for _, to := range []verbs.QPState{verbs.QPStateInit, verbs.QPStateRTR, verbs.QPStateRTS} {
 			if err := e.move(to, peerMTU); err != nil {
-				e.id.reject(nil)
+				e.id.Reject(nil)
 				return nil, err
 			}
 		}
 		start := time.Now()
-		if err := e.id.establish(); err != nil {
+		if err := e.id.Establish(); err != nil {
 			return nil, e.fail("rdma_establish", ErrConnect, err)
 		}
 		o.trace(StepEstablish, start)

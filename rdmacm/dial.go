@@ -12,7 +12,7 @@ import "context"
 // ErrUnreachable, ErrRejected (with a *RejectedError carrying the peer's
 // status and private data), ErrConnect, ErrTimeout or the context's error.
 func Dial(ctx context.Context, address string, opts *Options) (*Conn, error) {
-	c, err := NewConnector(address, opts)
+	c, err := newConnector(address, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -24,8 +24,8 @@ func Dial(ctx context.Context, address string, opts *Options) (*Conn, error) {
 	return conn, nil
 }
 
-// dial takes a new Connector through the remaining steps.
-func (c *Connector) dial(ctx context.Context) (*Conn, error) {
+// dial takes a new connector through the remaining steps.
+func (c *connector) dial(ctx context.Context) (*Conn, error) {
 	if err := c.ResolveAddr(ctx); err != nil {
 		return nil, err
 	}
@@ -40,7 +40,7 @@ func (c *Connector) dial(ctx context.Context) (*Conn, error) {
 
 // udConn finishes a UD dial: the answer carries the peer's QP number, qkey
 // and the address vector to reach it.
-func (e *endpoint) udConn(ev *event, peerData []byte) (*Conn, error) {
+func (e *endpoint) udConn(ev *Event, peerData []byte) (*Conn, error) {
 	ah, err := e.res.pd.CreateAH(ev.AH)
 	if err != nil {
 		return nil, e.fail("create AH", nil, err)

@@ -40,7 +40,7 @@ func (s *fakeSource) read() (rawEvent, error) {
 }
 
 func (s *fakeSource) send(token uint64, t EventType, child cmHandle) {
-	s.events <- rawEvent{ev: &event{Type: t}, token: token, child: child}
+	s.events <- rawEvent{ev: &Event{Type: t}, token: token, child: child}
 }
 
 // fakeHandle records what the dispatcher did to an id. Methods the
@@ -89,7 +89,7 @@ func settle(t *testing.T, before int) {
 	}
 }
 
-func nextWithin(t *testing.T, id *cmID) *event {
+func nextWithin(t *testing.T, id *ID) *Event {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -118,8 +118,8 @@ func TestDispatcherKeepsEachIDsEventsInOrder(t *testing.T) {
 	for _, want := range order {
 		assert.Equal(t, want, nextWithin(t, b).Type)
 	}
-	a.close()
-	b.close()
+	a.Close()
+	b.Close()
 	src.fail <- errors.New("test over")
 	settle(t, before)
 }
@@ -133,19 +133,19 @@ func TestConnectRequestGetsAnIDOfItsOwn(t *testing.T) {
 	src.send(l.token, EventConnectRequest, child)
 	ev := nextWithin(t, l)
 	require.Equal(t, EventConnectRequest, ev.Type)
-	require.NotNil(t, ev.child)
-	assert.Equal(t, PortSpaceUDP, ev.child.ps, "the request's id takes the listener's port space")
-	assert.NotEqual(t, l.token, ev.child.token)
+	require.NotNil(t, ev.ID)
+	assert.Equal(t, PortSpaceUDP, ev.ID.ps, "the request's id takes the listener's port space")
+	assert.NotEqual(t, l.token, ev.ID.token)
 	child.mu.Lock()
-	assert.Equal(t, ev.child.token, child.token, "the C id's context must route its events to the new id")
+	assert.Equal(t, ev.ID.token, child.token, "the C id's context must route its events to the new id")
 	child.mu.Unlock()
 
 	// The new id's own events reach it, not the listener.
-	src.send(ev.child.token, EventEstablished, nil)
-	assert.Equal(t, EventEstablished, nextWithin(t, ev.child).Type)
+	src.send(ev.ID.token, EventEstablished, nil)
+	assert.Equal(t, EventEstablished, nextWithin(t, ev.ID).Type)
 	assert.Nil(t, l.poll())
-	ev.child.close()
-	l.close()
+	ev.ID.Close()
+	l.Close()
 	src.fail <- errors.New("test over")
 }
 
@@ -163,7 +163,7 @@ func TestRequestsNoOneWillSeeAreRefusedAndDestroyed(t *testing.T) {
 		defer l.mu.Unlock()
 		return len(l.queue) == 1
 	}, 5*time.Second, time.Millisecond)
-	l.close()
+	l.Close()
 	d, r := queued.counts()
 	assert.Equal(t, 1, r, "a queued request of a closed id is rejected")
 	assert.Equal(t, 1, d, "and its id destroyed")
@@ -189,7 +189,7 @@ func TestHandlerGetsQueuedEventsFirst(t *testing.T) {
 	}, 5*time.Second, time.Millisecond)
 	var mu sync.Mutex
 	var got []EventType
-	id.setHandler(func(ev *event) { mu.Lock(); got = append(got, ev.Type); mu.Unlock() })
+	id.setHandler(func(ev *Event) { mu.Lock(); got = append(got, ev.Type); mu.Unlock() })
 	src.send(id.token, EventDisconnected, nil)
 	src.send(id.token, EventTimewaitExit, nil)
 	assert.Eventually(t, func() bool {
@@ -197,7 +197,7 @@ func TestHandlerGetsQueuedEventsFirst(t *testing.T) {
 		defer mu.Unlock()
 		return fmt.Sprint(got) == fmt.Sprint([]EventType{EventEstablished, EventDisconnected, EventTimewaitExit})
 	}, 5*time.Second, time.Millisecond)
-	id.close()
+	id.Close()
 	src.fail <- errors.New("test over")
 }
 
@@ -219,7 +219,7 @@ func TestWaitForEventEndsWithItsContextOrClose(t *testing.T) {
 		done <- err
 	}()
 	time.Sleep(10 * time.Millisecond)
-	id.close()
+	id.Close()
 	select {
 	case err := <-done:
 		assert.ErrorIs(t, err, ErrClosed)
@@ -238,8 +238,8 @@ func TestFailingChannelReachesEveryWaiter(t *testing.T) {
 	require.NoError(t, err)
 	handled, err := ch.newID(PortSpaceTCP)
 	require.NoError(t, err)
-	got := make(chan *event, 1)
-	handled.setHandler(func(ev *event) { got <- ev })
+	got := make(chan *Event, 1)
+	handled.setHandler(func(ev *Event) { got <- ev })
 	l := &Listener{id: waiting, addr: netip.MustParseAddrPort("10.0.0.1:7471"), reqs: make(chan *ConnRequest), closed: make(chan struct{})}
 
 	errs := make(chan error, 2)
@@ -274,11 +274,11 @@ func TestFailingChannelReachesEveryWaiter(t *testing.T) {
 	late, err := ch.newID(PortSpaceTCP)
 	require.ErrorIs(t, err, ErrEventChannel, "no new id on a dead channel")
 	require.Nil(t, late)
-	again := make(chan *event, 1)
-	handled.setHandler(func(ev *event) { again <- ev })
+	again := make(chan *Event, 1)
+	handled.setHandler(func(ev *Event) { again <- ev })
 	assert.Equal(t, eventChannelFailed, (<-again).Type)
 
-	waiting.close()
-	handled.close()
+	waiting.Close()
+	handled.Close()
 	settle(t, before)
 }

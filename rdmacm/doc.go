@@ -19,19 +19,18 @@
 // connection several times slower than C's. Waiting costs a parked
 // goroutine, not an OS thread.
 //
-// # One step at a time
+// # Two layers
 //
-// Dial is five calls on a Connector: NewConnector (rdma_create_id),
-// ResolveAddr, ResolveRoute, CreateQP and Connect. Programs that set up
-// many connections at once can make them themselves, one step for every
-// connection before the next, as C programs such as cmtime do: the local
-// steps in a loop on one goroutine, and the network steps either a
-// goroutine per connection or, with Connector.Start, every request sent in
-// one loop and every answer awaited in the next. With a
-// goroutine per Dial instead, every local step pays a hand-over between
-// goroutines, which costs more than the step's own call. Conn.Disconnect
-// likewise ends a connection without releasing it, so that many can be
-// ended together and then closed.
+// ID is librdmacm's rdma_cm_id, one method per librdmacm call (NewID,
+// Bind, ResolveAddr, ResolveRoute, Listen, Connect, Accept, Reject,
+// Disconnect, InitQPAttr, CreateQP, Establish, JoinMulticast, SetOption),
+// with each id's events read by ID.Event. Programs that set up many
+// connections at once drive it themselves, one step for every connection
+// before the next, as C programs such as cmtime do: every request of a
+// step sent in one loop and every answer awaited in the next, all from one
+// goroutine. Dial, Listen and Accept are built on it, and add what C
+// programs write by hand: timeouts and retries per step, the PD, CQs and
+// QP, private data framing, manual QP moves, and errors that say why.
 //
 // # Who moves the QP
 //

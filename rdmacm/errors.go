@@ -56,6 +56,18 @@ type OpError struct {
 	Kind   error  // one of the Err* kinds above, or nil
 	Err    error  // the cause
 	Hint   string
+
+	thin bool // from an ID method: a convenient-layer step that wraps it says where itself
+}
+
+// cause is err without the ID method's OpError around it, for a step of
+// the convenient layer that says where and what itself: its message then
+// names the connection once.
+func cause(err error) error {
+	if oe, ok := err.(*OpError); ok && oe.thin {
+		return oe.Err
+	}
+	return err
 }
 
 func (e *OpError) Error() string {

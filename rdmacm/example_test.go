@@ -1,5 +1,3 @@
-//go:build linux && cgo
-
 package rdmacm_test
 
 import (
@@ -7,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log"
+	"net/netip"
 	"time"
 
 	"github.com/rdmago/rdmago/rdmacm"
@@ -191,111 +190,78 @@ func ExampleOptions_sharedCQ() {
 	}
 }
 
-// A pool of connections set up in bulk, one step for all of them before
-// the next: the local steps (create id, create QP) run in one loop, the
-// network steps wait for the CM concurrently.
-func ExampleConnector() {
+// Many connections set up from one goroutine on the thin layer, one step
+// for all of them before the next, as rdma-core's cmtime does: each
+// network step's requests go out in one loop, and the answers are awaited
+// in the next while the CM works on all of them.
+func ExampleID() {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	const n = 64
-	cs := make([]*rdmacm.Connector, n)
-	for i := range cs {
-		c, err := rdmacm.NewConnector("10.10.0.1:7471", nil)
+	dst := netip.MustParseAddrPort("10.10.0.1:7471")
+	ids := make([]*rdmacm.ID, 64)
+	for i := range ids {
+		id, err := rdmacm.NewID(rdmacm.PortSpaceTCP)
 		if err != nil {
 			log.Fatal(err)
 		}
-		defer c.Close() // releases nothing once Connect has made a Conn
-		cs[i] = c
+		defer id.Close()
+		ids[i] = id
 	}
-	// each runs a network step on every connection at once.
-	each := func(step func(i int) error) error {
-		errs := make(chan error, n)
-		for i := range cs {
-			go func() { errs <- step(i) }()
-		}
-		var first error
-		for range cs {
-			if err := <-errs; err != nil && first == nil {
-				first = err
+	// await waits for every id's next event, which must be want.
+	await := func(want rdmacm.EventType) {
+		for _, id := range ids {
+			ev, err := id.Event(ctx)
+			if err != nil {
+				log.Fatal(err)
+			}
+			if ev.Type != want {
+				log.Fatalf("%v: %v (status %d), want %v", id.RemoteAddr(), ev.Type, ev.Status, want)
 			}
 		}
-		return first
 	}
-	if err := each(func(i int) error { return cs[i].ResolveAddr(ctx) }); err != nil {
-		log.Fatal(err)
-	}
-	if err := each(func(i int) error { return cs[i].ResolveRoute(ctx) }); err != nil {
-		log.Fatal(err)
-	}
-	for _, c := range cs {
-		if err := c.CreateQP(); err != nil {
+	for _, id := range ids {
+		if err := id.ResolveAddr(netip.Addr{}, dst, 2*time.Second); err != nil {
 			log.Fatal(err)
 		}
 	}
-	conns := make([]*rdmacm.Conn, n)
-	err := each(func(i int) (err error) {
-		conns[i], err = cs[i].Connect(ctx)
-		return err
-	})
-	for _, conn := range conns {
-		if conn != nil {
-			defer conn.Close()
+	await(rdmacm.EventAddrResolved)
+	for _, id := range ids {
+		if err := id.ResolveRoute(2 * time.Second); err != nil {
+			log.Fatal(err)
 		}
 	}
+	await(rdmacm.EventRouteResolved)
+	// The QPs are librdmacm's to move; their PD and CQs live on its
+	// context of the device, shared by all connections.
+	dev, err := ids[0].Device()
 	if err != nil {
 		log.Fatal(err)
 	}
-	fmt.Println(len(conns), "connections up")
-}
-
-// Many connections dialed from one goroutine, as a C program does with one
-// event channel: each network step's requests go out in one loop (Start),
-// and the answers are awaited in the next, while the CM works on all of
-// them.
-func ExampleConnector_Start() {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	cs := make([]*rdmacm.Connector, 64)
-	for i := range cs {
-		c, err := rdmacm.NewConnector("10.10.0.1:7471", nil)
+	pd, err := dev.AllocPD()
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pd.Close()
+	cq, err := dev.CreateCQ(len(ids) * 2)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer cq.Close()
+	for _, id := range ids {
+		qp, err := id.CreateQP(pd, verbs.QPInit{Type: verbs.QPTypeRC, SendCQ: cq, RecvCQ: cq,
+			Cap: verbs.QPCap{MaxSendWR: 1, MaxRecvWR: 1, MaxSendSGE: 1, MaxRecvSGE: 1}})
 		if err != nil {
 			log.Fatal(err)
 		}
-		defer c.Close()
-		cs[i] = c
-	}
-	// step sends every connection's request for s, then waits for each.
-	step := func(s rdmacm.Step, wait func(c *rdmacm.Connector) error) {
-		for _, c := range cs {
-			if err := c.Start(s); err != nil {
-				log.Fatal(err)
-			}
-		}
-		for _, c := range cs {
-			if err := wait(c); err != nil {
-				log.Fatal(err)
-			}
-		}
-	}
-	step(rdmacm.StepResolveAddr, func(c *rdmacm.Connector) error { return c.ResolveAddr(ctx) })
-	step(rdmacm.StepResolveRoute, func(c *rdmacm.Connector) error { return c.ResolveRoute(ctx) })
-	for _, c := range cs {
-		if err := c.CreateQP(); err != nil {
+		defer qp.Close() // before its id (defers run last in, first out)
+		if err := id.Connect(rdmacm.ConnParam{ResponderResources: 1, InitiatorDepth: 1, RetryCount: 7, RNRRetryCount: 7}, nil); err != nil {
 			log.Fatal(err)
 		}
 	}
-	var conns []*rdmacm.Conn
-	defer func() {
-		for _, conn := range conns {
-			conn.Close()
-		}
-	}()
-	step(rdmacm.StepConnect, func(c *rdmacm.Connector) error {
-		conn, err := c.Connect(ctx)
-		if err == nil {
-			conns = append(conns, conn)
-		}
-		return err
-	})
-	fmt.Println(len(conns), "connections up")
+	await(rdmacm.EventEstablished)
+	fmt.Println(len(ids), "connections up")
+	for _, id := range ids {
+		id.Disconnect()
+	}
+	await(rdmacm.EventDisconnected)
 }

@@ -15,7 +15,7 @@ import (
 // Listener takes connect requests on an address and port.
 type Listener struct {
 	opts Options
-	id   *cmID
+	id   *ID
 	addr netip.AddrPort
 	reqs chan *ConnRequest
 
@@ -40,13 +40,13 @@ func Listen(address string, opts *Options) (*Listener, error) {
 	}
 	e := &endpoint{op: "listen", o: &o, id: id, local: ap}
 	fail := func(err error) (*Listener, error) {
-		id.close()
+		id.Close()
 		return nil, err
 	}
 	if err := e.setOptions(); err != nil {
 		return fail(err)
 	}
-	if err := id.bind(ap); err != nil {
+	if err := id.Bind(ap); err != nil {
 		oe := e.fail("bind", nil, err)
 		oe.Hint = "is the address local and on a netdev with an RDMA device (or a wildcard), and the port free?"
 		if errors.Is(err, syscall.EADDRINUSE) {
@@ -58,7 +58,7 @@ func Listen(address string, opts *Options) (*Listener, error) {
 	// read yet; Options.Backlog is enforced on the queue behind it, where a
 	// refusal can say why. A small Backlog must not let the kernel refuse,
 	// without a reason, a request that arrives just after another.
-	if err := id.listen(max(o.Backlog, defaultBacklog)); err != nil {
+	if err := id.Listen(max(o.Backlog, defaultBacklog)); err != nil {
 		oe := e.fail("listen", nil, err)
 		if errors.Is(err, syscall.EADDRINUSE) {
 			// Past the bind: another ReuseAddr id bound the port and
@@ -69,10 +69,10 @@ func Listen(address string, opts *Options) (*Listener, error) {
 		}
 		return fail(oe)
 	}
-	l := &Listener{opts: o, id: id, addr: id.localAddr(), reqs: make(chan *ConnRequest, o.Backlog), closed: make(chan struct{})}
-	if e.id.deviceName() != "" {
+	l := &Listener{opts: o, id: id, addr: id.LocalAddr(), reqs: make(chan *ConnRequest, o.Backlog), closed: make(chan struct{})}
+	if e.id.DeviceName() != "" {
 		// Bound to one device: refuse now what it cannot do.
-		if dev, err := id.device(); err == nil && dev.Info.Transport == verbs.TransportIWARP {
+		if dev, err := id.Device(); err == nil && dev.Info.Transport == verbs.TransportIWARP {
 			e.iwarp = true
 			if err := e.checkMode(); err != nil {
 				return fail(err)
@@ -86,13 +86,13 @@ func Listen(address string, opts *Options) (*Listener, error) {
 // Addr is the address and port the listener is bound to.
 func (l *Listener) Addr() netip.AddrPort { return l.addr }
 
-func (l *Listener) onEvent(ev *event) {
-	if ev.Type != EventConnectRequest || ev.child == nil {
+func (l *Listener) onEvent(ev *Event) {
+	if ev.Type != EventConnectRequest || ev.ID == nil {
 		return // DEVICE_REMOVAL or ADDR_CHANGE on a bound listener: requests simply stop
 	}
 	data, mtu := decodePrivateData(ev.PrivateData, l.opts.RawPrivateData)
-	r := &ConnRequest{Param: ev.Param, PrivateData: data, Local: ev.child.localAddr(), Remote: ev.child.peerAddr(),
-		Device: ev.child.deviceName(), Port: ev.child.portNum(), peerMTU: mtu, id: ev.child, l: l}
+	r := &ConnRequest{Param: ev.Param, PrivateData: data, Local: ev.ID.LocalAddr(), Remote: ev.ID.RemoteAddr(),
+		Device: ev.ID.DeviceName(), Port: ev.ID.Port(), peerMTU: mtu, id: ev.ID, l: l}
 	select {
 	case l.reqs <- r:
 	default:
@@ -132,7 +132,7 @@ func (l *Listener) Accept(ctx context.Context) (*Conn, error) {
 func (l *Listener) Close() error {
 	l.closeOnce.Do(func() {
 		close(l.closed)
-		l.id.close()
+		l.id.Close()
 		for {
 			select {
 			case r := <-l.reqs:
@@ -157,7 +157,7 @@ type ConnRequest struct {
 	PrivateData []byte
 
 	peerMTU verbs.MTU
-	id      *cmID
+	id      *ID
 	l       *Listener
 	used    atomic.Bool
 }
@@ -171,14 +171,14 @@ func (r *ConnRequest) Reject(privateData []byte) error {
 	if !r.claim() {
 		return &OpError{Op: "reject", Local: r.Local, Remote: r.Remote, Err: ErrClosed}
 	}
-	defer r.id.close()
+	defer r.id.Close()
 	data, err := encodePrivateData(r.id.ps, msgReject, r.l.opts.RawPrivateData, 0, privateData)
 	if err != nil {
-		r.id.reject(nil)
-		return &OpError{Op: "reject", Local: r.Local, Remote: r.Remote, Device: r.Device, Err: err}
+		r.id.Reject(nil)
+		return &OpError{Op: "reject", Local: r.Local, Remote: r.Remote, Device: r.Device, Err: cause(err)}
 	}
-	if err := r.id.reject(data); err != nil {
-		return &OpError{Op: "reject", Local: r.Local, Remote: r.Remote, Device: r.Device, Err: err}
+	if err := r.id.Reject(data); err != nil {
+		return &OpError{Op: "reject", Local: r.Local, Remote: r.Remote, Device: r.Device, Err: cause(err)}
 	}
 	return nil
 }
@@ -189,12 +189,12 @@ func (r *ConnRequest) refuse(why Refusal) {
 	if !r.claim() {
 		return
 	}
-	defer r.id.close()
+	defer r.id.Close()
 	var data []byte
 	if !r.l.opts.RawPrivateData {
 		data = encodeRefusal(why)
 	}
-	r.id.reject(data) // nothing to do if it fails: the dialer times out
+	r.id.Reject(data) // nothing to do if it fails: the dialer times out
 }
 
 // Accept accepts the request with privateData (at most 192 bytes on
@@ -217,7 +217,7 @@ func (r *ConnRequest) Accept(ctx context.Context, privateData []byte) (*Conn, er
 func (e *endpoint) accept(ctx context.Context, r *ConnRequest, privateData []byte) (*Conn, error) {
 	o := e.o
 	if _, err := encodePrivateData(e.id.ps, msgAccept, o.RawPrivateData, 0, privateData); err != nil {
-		e.id.reject(nil)
+		e.id.Reject(nil)
 		return nil, e.fail("accept", nil, err)
 	}
 	// The dialer may have given up while the request waited.
@@ -225,7 +225,7 @@ func (e *endpoint) accept(ctx context.Context, r *ConnRequest, privateData []byt
 		return nil, e.failEvent("accept", peerGone(ev.Type), ev)
 	}
 	if err := e.prepare(); err != nil {
-		e.id.reject(nil)
+		e.id.Reject(nil)
 		if ev := e.id.poll(); ev != nil { // the reason the CM refused
 			return nil, e.failEvent("accept", peerGone(ev.Type), ev)
 		}
@@ -236,29 +236,29 @@ func (e *endpoint) accept(ctx context.Context, r *ConnRequest, privateData []byt
 		return nil, err
 	}
 	if err := e.checkMode(); err != nil {
-		e.id.reject(nil)
+		e.id.Reject(nil)
 		return nil, err
 	}
 	p := ConnParam{RNRRetryCount: orSeven(o.RNRRetryCount)}
 	if err := e.rdAtomic(&p, &r.Param); err != nil {
-		e.id.reject(nil)
+		e.id.Reject(nil)
 		return nil, err
 	}
 	if o.Mode == ModeManual {
 		p.QPNum = e.res.qp.QPN
 		if o.QPType != verbs.QPTypeUD {
 			if err := e.move(verbs.QPStateRTR, r.peerMTU); err != nil {
-				e.id.reject(nil)
+				e.id.Reject(nil)
 				return nil, err
 			}
 			if err := e.move(verbs.QPStateRTS, 0); err != nil {
-				e.id.reject(nil)
+				e.id.Reject(nil)
 				return nil, err
 			}
 		}
 	}
 	if err := e.beforeConnect(); err != nil {
-		e.id.reject(nil)
+		e.id.Reject(nil)
 		return nil, err
 	}
 	data, _ := encodePrivateData(e.id.ps, msgAccept, o.RawPrivateData, e.localMTU(), privateData)

@@ -48,7 +48,7 @@ func (e *endpoint) join(ctx context.Context, group netip.Addr) (*Conn, error) {
 	o := *e.o
 	o.ResolveRetries = 0
 	e.o = &o
-	if err := e.id.resolveAddr(o.Source, e.remote, o.ResolveAddrTimeout); err != nil {
+	if err := e.id.ResolveAddr(o.Source, e.remote, o.ResolveAddrTimeout); err != nil {
 		return nil, e.fail("resolve address", ErrAddrResolution, err)
 	}
 	ev, err := e.await(ctx, "resolve address", o.ResolveAddrTimeout)
@@ -64,21 +64,21 @@ func (e *endpoint) join(ctx context.Context, group netip.Addr) (*Conn, error) {
 	if e.iwarp {
 		return nil, e.fail("join multicast", nil, errors.New("iWARP has no UD and no multicast"))
 	}
-	if err := e.id.joinMulticast(group); err != nil {
+	if err := e.id.JoinMulticast(group); err != nil {
 		return nil, e.fail("join multicast", nil, err)
 	}
 	ev, err = e.await(ctx, "join multicast", o.ConnectTimeout)
 	if err != nil {
-		e.id.leaveMulticast(group)
+		e.id.LeaveMulticast(group)
 		return nil, err
 	}
 	if ev.Type != EventMulticastJoin {
-		e.id.leaveMulticast(group)
+		e.id.LeaveMulticast(group)
 		return nil, e.failEvent("join multicast", ErrConnect, ev)
 	}
 	ah, err := e.res.pd.CreateAH(ev.AH)
 	if err != nil {
-		e.id.leaveMulticast(group)
+		e.id.LeaveMulticast(group)
 		return nil, e.fail("create AH", nil, err)
 	}
 	e.res.ahs = append(e.res.ahs, ah)

@@ -2,7 +2,6 @@ package rdmacm
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -36,7 +35,7 @@ func errnoOf(err error) syscall.Errno {
 type endpoint struct {
 	op     string // "dial", "accept", "join multicast"
 	o      *Options
-	id     *cmID
+	id     *ID
 	local  netip.AddrPort
 	remote netip.AddrPort
 	res    resources
@@ -44,23 +43,22 @@ type endpoint struct {
 	iwarp  bool
 	// connecting: a connect request is out and not yet answered.
 	connecting bool
-	// issued: Connector.Start sent the next step's request, at issuedAt
-	// (set by every issue, for the step's trace); its method only waits.
-	issued   bool
+	// issuedAt is when the current step's request went out, for its trace.
 	issuedAt time.Time
 	// c is the Conn being made, once BeforeConnect has seen it.
 	c *Conn
 }
 
 func (e *endpoint) fail(step string, kind, err error) *OpError {
-	oe := &OpError{Op: step, Local: e.local, Remote: e.remote, Device: e.id.deviceName(), Port: e.id.portNum(), Kind: kind, Err: err}
+	err = cause(err)
+	oe := &OpError{Op: step, Local: e.local, Remote: e.remote, Device: e.id.DeviceName(), Port: e.id.Port(), Kind: kind, Err: err}
 	if e.res.qp != nil {
 		oe.QPN = e.res.qp.QPN
 	}
 	return oe
 }
 
-func (e *endpoint) failEvent(step string, kind error, ev *event) *OpError {
+func (e *endpoint) failEvent(step string, kind error, ev *Event) *OpError {
 	var cause error
 	if ev.Status < 0 {
 		cause = syscall.Errno(-ev.Status)
@@ -71,7 +69,7 @@ func (e *endpoint) failEvent(step string, kind error, ev *event) *OpError {
 }
 
 // await waits for the next event of the id, for at most d.
-func (e *endpoint) await(ctx context.Context, step string, d time.Duration) (*event, error) {
+func (e *endpoint) await(ctx context.Context, step string, d time.Duration) (*Event, error) {
 	wctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
 	ev, err := e.id.next(wctx)
@@ -102,46 +100,37 @@ func timeoutHint(step string) string {
 func (e *endpoint) setOptions() error {
 	o := e.o
 	if o.TOS != 0 {
-		if err := e.id.setOption(optTOS, []byte{o.TOS}); err != nil {
+		if err := e.id.SetOption(OptionTOS, int(o.TOS)); err != nil {
 			return e.fail("set RDMA_OPTION_ID_TOS", nil, err)
 		}
 	}
 	if o.ReuseAddr {
-		if err := e.id.setOption(optReuseAddr, intOpt(1)); err != nil {
+		if err := e.id.SetOption(OptionReuseAddr, 1); err != nil {
 			return e.fail("set RDMA_OPTION_ID_REUSEADDR", nil, err)
 		}
 	}
 	if o.AFOnly {
-		if err := e.id.setOption(optAFOnly, intOpt(1)); err != nil {
+		if err := e.id.SetOption(OptionAFOnly, 1); err != nil {
 			return e.fail("set RDMA_OPTION_ID_AFONLY", nil, err)
 		}
 	}
 	if o.ACKTimeout != 0 {
-		if err := e.id.setOption(optACKTimeout, []byte{byte(o.ACKTimeout)}); err != nil {
+		if err := e.id.SetOption(OptionACKTimeout, int(o.ACKTimeout)); err != nil {
 			return e.fail("set RDMA_OPTION_ID_ACK_TIMEOUT", nil, err)
 		}
 	}
 	return nil
 }
 
-// intOpt encodes an int option as librdmacm reads it, in host order.
-func intOpt(v int32) []byte {
-	return binary.NativeEndian.AppendUint32(nil, uint32(v))
-}
-
 // resolveAddr runs address resolution with bounded retries and learns the
-// device it leads to. A request Connector.Start sent is only waited for.
+// device it leads to.
 func (e *endpoint) resolveAddr(ctx context.Context, src netip.Addr) error {
 	o := e.o
-	issued := e.takeIssued()
 	var start time.Time
 	for attempt := 0; ; attempt++ {
-		if !issued {
-			if err := e.issueResolveAddr(src); err != nil {
-				return err
-			}
+		if err := e.issueResolveAddr(src); err != nil {
+			return err
 		}
-		issued = false
 		if attempt == 0 {
 			start = e.issuedAt
 		}
@@ -157,8 +146,8 @@ func (e *endpoint) resolveAddr(ctx context.Context, src netip.Addr) error {
 			return e.failEvent("resolve address", ErrAddrResolution, ev)
 		}
 	}
-	e.local = e.id.localAddr()
-	dev, err := e.id.device()
+	e.local = e.id.LocalAddr()
+	dev, err := e.id.Device()
 	if err != nil {
 		return e.fail("resolve address", ErrAddrResolution, err)
 	}
@@ -170,7 +159,7 @@ func (e *endpoint) resolveAddr(ctx context.Context, src netip.Addr) error {
 // issueResolveAddr sends the address resolution request.
 func (e *endpoint) issueResolveAddr(src netip.Addr) error {
 	e.issuedAt = time.Now()
-	if err := e.id.resolveAddr(src, e.remote, e.o.ResolveAddrTimeout); err != nil {
+	if err := e.id.ResolveAddr(src, e.remote, e.o.ResolveAddrTimeout); err != nil {
 		oe := e.fail("resolve address", ErrAddrResolution, err)
 		oe.Hint = hintFor(EventAddrError, -int(errnoOf(err)), false)
 		return oe
@@ -178,19 +167,14 @@ func (e *endpoint) issueResolveAddr(src netip.Addr) error {
 	return nil
 }
 
-// resolveRoute runs route resolution with bounded retries. A request
-// Connector.Start sent is only waited for.
+// resolveRoute runs route resolution with bounded retries.
 func (e *endpoint) resolveRoute(ctx context.Context) error {
 	o := e.o
-	issued := e.takeIssued()
 	var start time.Time
 	for attempt := 0; ; attempt++ {
-		if !issued {
-			if err := e.issueResolveRoute(); err != nil {
-				return err
-			}
+		if err := e.issueResolveRoute(); err != nil {
+			return err
 		}
-		issued = false
 		if attempt == 0 {
 			start = e.issuedAt
 		}
@@ -211,18 +195,10 @@ func (e *endpoint) resolveRoute(ctx context.Context) error {
 // issueResolveRoute sends the route resolution request.
 func (e *endpoint) issueResolveRoute() error {
 	e.issuedAt = time.Now()
-	if err := e.id.resolveRoute(e.o.ResolveRouteTimeout); err != nil {
+	if err := e.id.ResolveRoute(e.o.ResolveRouteTimeout); err != nil {
 		return e.fail("resolve route", ErrRouteResolution, err)
 	}
 	return nil
-}
-
-// takeIssued reports whether Connector.Start sent the request of the step
-// now being waited for, and forgets it: a retry sends its own.
-func (e *endpoint) takeIssued() bool {
-	issued := e.issued
-	e.issued = false
-	return issued
 }
 
 // checkMode refuses what the device cannot do: iWARP has neither UD nor
@@ -246,7 +222,7 @@ func (e *endpoint) checkMode() error {
 func (e *endpoint) prepare() error {
 	o := e.o
 	if e.res.dev == nil {
-		dev, err := e.id.device()
+		dev, err := e.id.Device()
 		if err != nil {
 			return e.fail("create QP", nil, err)
 		}
@@ -257,7 +233,7 @@ func (e *endpoint) prepare() error {
 	start := time.Now()
 	var err error
 	if e.needsPort() {
-		if e.port, err = dev.QueryPort(e.id.portNum()); err != nil {
+		if e.port, err = dev.QueryPort(e.id.Port()); err != nil {
 			return e.fail("query port", nil, err)
 		}
 	}
@@ -277,7 +253,7 @@ func (e *endpoint) prepare() error {
 		return e.resourceError("create CQ", err)
 	}
 	if o.Mode == ModeCM {
-		if e.res.qp, err = e.id.createQP(e.res.pd, e.res.scq, e.res.rcq, o.QPType, o.Cap); err != nil {
+		if e.res.qp, err = e.id.CreateQP(e.res.pd, verbs.QPInit{Type: o.QPType, SendCQ: e.res.scq, RecvCQ: e.res.rcq, Cap: o.Cap}); err != nil {
 			return e.resourceError(fmt.Sprintf("rdma_create_qp %v %+v", o.QPType, o.Cap), err)
 		}
 		o.trace(StepCreateQP, start)
@@ -375,7 +351,7 @@ func (e *endpoint) move(to verbs.QPState, peerMTU verbs.MTU) error {
 	start := time.Now()
 	from := qp.State()
 	step := fmt.Sprintf("modify QP %v", verbs.Transition{From: from, To: to})
-	attr, mask, err := e.id.initQPAttr(to)
+	attr, mask, err := e.id.InitQPAttr(to)
 	if err != nil {
 		oe := e.fail(step, nil, fmt.Errorf("rdma_init_qp_attr: %w", err))
 		if to == verbs.QPStateRTR && e.op == "dial" {
@@ -457,7 +433,7 @@ func (e *endpoint) early() *Conn {
 	if e.c == nil {
 		e.c = &Conn{QP: e.res.qp, SendCQ: e.res.scq, RecvCQ: e.res.rcq, PD: e.res.pd, Device: e.res.dev,
 			opts: *e.o, id: e.id, done: make(chan struct{}), res: &e.res}
-		e.c.path = Path{Local: e.local, Remote: e.remote, Device: e.id.deviceName(), Port: e.id.portNum(),
+		e.c.path = Path{Local: e.local, Remote: e.remote, Device: e.id.DeviceName(), Port: e.id.Port(),
 			GIDIndex: -1, Mode: e.o.Mode}
 	}
 	return e.c
@@ -482,7 +458,7 @@ func (e *endpoint) conn(peerData []byte, mode Mode) *Conn {
 	res := e.res
 	c.res = &res
 	e.res = resources{}
-	c.path = Path{Local: e.id.localAddr(), Remote: e.id.peerAddr(), Device: e.id.deviceName(), Port: e.id.portNum(),
+	c.path = Path{Local: e.id.LocalAddr(), Remote: e.id.RemoteAddr(), Device: e.id.DeviceName(), Port: e.id.Port(),
 		Transport: c.Device.Info.Transport, GIDIndex: -1, Mode: mode}
 	if !c.path.Remote.IsValid() {
 		c.path.Remote = e.remote
@@ -507,6 +483,6 @@ func (e *endpoint) conn(peerData []byte, mode Mode) *Conn {
 // says what releasing the verbs objects reported.
 func (e *endpoint) abort() error {
 	err := e.res.close()
-	e.id.close()
+	e.id.Close()
 	return err
 }

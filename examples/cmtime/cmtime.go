@@ -135,20 +135,21 @@ func serve(ctx context.Context, c config, out io.Writer) error {
 	}
 }
 
-// node is one connection: its Connector, then its Conn, and its times per
-// step (a step may occur twice: the manual dialer takes its QP to INIT
-// again after the reply).
+// node is one connection: its id and QP, and its times per step (from its
+// request to the moment its answer is taken; the manual QP moves are each
+// timed on their own).
 type node struct {
-	o      *rdmacm.Options
-	c      *rdmacm.Connector
-	conn   *rdmacm.Conn
-	d      map[rdmacm.Step]time.Duration
+	id     *rdmacm.ID
+	qp     *verbs.QP
+	d      map[string]time.Duration
+	start  time.Time
+	tries  int // resolution retries left
 	failed bool
 }
 
 // phase is one step for all connections, timed as a whole.
 type phase struct {
-	step rdmacm.Step
+	step string
 	wall time.Duration
 }
 
@@ -156,21 +157,37 @@ type result struct {
 	conns   int
 	nodes   []*node
 	phases  []phase
-	within  []rdmacm.Step // steps that run inside another's phase
-	err     error         // the first failure, if any
-	pdErr   error         // closing the shared CQs and PD
+	within  []string // steps that run inside another's phase
+	err     error    // the first failure, if any
+	pdErr   error    // closing the shared CQs and PD
 	failed  int
 	threads int
 	peakRSS string
 }
 
-// connectAll runs the C client's schedule: each step for every connection
-// before the next step, from one goroutine. The local calls (create id,
-// create qp, destroy) run one connection after another in a loop; the
-// steps that wait for the network send every connection's request in a
-// loop, then wait for each answer in another.
+// The C tool's rows, and the manual mode's.
+const (
+	stepCreateID     = "create id"
+	stepResolveAddr  = "resolve addr"
+	stepResolveRoute = "resolve route"
+	stepCreateQP     = "create qp"
+	stepConnect      = "connect"
+	stepDisconnect   = "disconnect"
+	stepDestroy      = "destroy"
+	stepInitQP       = "init qp"
+	stepRTRQP        = "rtr qp"
+	stepRTSQP        = "rts qp"
+	stepEstablish    = "establish"
+)
+
+// connectAll runs the C client's schedule on rdmacm's thin layer, from one
+// goroutine: each step for every connection before the next. The local
+// calls (create id, create qp, destroy) run one connection after another
+// in a loop; the steps that wait for the network send every connection's
+// request in a loop, then take each answer in another, while the CM works
+// on all of them. As in C, each QP is destroyed right after its
+// rdma_disconnect, inside the disconnect step.
 func connectAll(ctx context.Context, c config) (*result, error) {
-	dst := net.JoinHostPort(c.server, strconv.Itoa(c.port))
 	var src netip.Addr
 	if c.bind != "" {
 		var err error
@@ -183,65 +200,94 @@ func connectAll(ctx context.Context, c config) (*result, error) {
 	if err := rdmacm.Init(); err != nil {
 		return nil, err
 	}
-	pd, err := devicePD(ctx, c.server, src)
+	pd, dst, err := devicePD(ctx, c.server, src)
 	if err != nil {
 		return nil, err
 	}
-	cqs, err := newSharedCQs(pd, options(c).Cap)
+	cqs, err := newSharedCQs(pd, qpCap)
 	if err != nil {
 		pd.Close()
 		return nil, err
 	}
 	r := &result{conns: c.conns, nodes: make([]*node, c.conns)}
 	if c.manual {
-		// The modifies and the RTU follow each reply, inside Connect.
-		r.within = []rdmacm.Step{rdmacm.StepInitQP, rdmacm.StepRTRQP, rdmacm.StepRTSQP, rdmacm.StepEstablish}
+		// The modifies and the RTU follow each reply, inside connect.
+		r.within = []string{stepInitQP, stepRTRQP, stepRTSQP, stepEstablish}
 	}
 	for i := range r.nodes {
-		n := &node{d: map[rdmacm.Step]time.Duration{}, o: options(c)}
-		r.nodes[i] = n
-		o := n.o
-		o.Source = src
-		o.PD = pd
-		o.SendCQ, o.RecvCQ = cqs.send, cqs.recv
-		// As in C cmtime, -t bounds address and route resolution; the
-		// connect waits as long as the CM itself keeps trying, which a
-		// server working through a thousand requests needs.
-		step := time.Duration(c.timeout) * time.Millisecond
-		o.ResolveAddrTimeout, o.ResolveRouteTimeout = step, step
-		o.ConnectTimeout, o.CloseTimeout = time.Minute, time.Minute
-		o.ResolveRetries = c.retries
-		if c.retries == 0 {
-			o.ResolveRetries = -1
-		}
-		if c.manual {
-			o.Mode = rdmacm.ModeManual
-		}
-		// Each node's steps run on one goroutine at a time, the phases
-		// one after another: its map needs no lock.
-		o.Trace = func(s rdmacm.Step, _ time.Time, d time.Duration) { n.d[s] += d }
+		r.nodes[i] = &node{d: map[string]time.Duration{}}
 	}
-	r.run(rdmacm.StepCreateID, func(n *node) (err error) {
-		n.c, err = rdmacm.NewConnector(dst, n.o)
+	to := netip.AddrPortFrom(dst, uint16(c.port))
+	timeout := time.Duration(c.timeout) * time.Millisecond
+	param := rdmacm.ConnParam{ResponderResources: 1, InitiatorDepth: 1, RetryCount: 7, RNRRetryCount: 7}
+
+	r.local(stepCreateID, func(n *node) (err error) {
+		n.id, err = rdmacm.NewID(rdmacm.PortSpaceTCP)
+		n.tries = c.retries
 		return err
 	})
-	r.startWait(rdmacm.StepResolveAddr, startStep(rdmacm.StepResolveAddr), func(n *node) error { return n.c.ResolveAddr(ctx) })
-	r.startWait(rdmacm.StepResolveRoute, startStep(rdmacm.StepResolveRoute), func(n *node) error { return n.c.ResolveRoute(ctx) })
-	r.run(rdmacm.StepCreateQP, func(n *node) error { return n.c.CreateQP() })
+	resolveAddr := func(n *node) error { return n.id.ResolveAddr(src, to, timeout) }
+	r.network(ctx, stepResolveAddr, resolveAddr, retrying(rdmacm.EventAddrResolved, rdmacm.EventAddrError, resolveAddr))
+	resolveRoute := func(n *node) error { return n.id.ResolveRoute(timeout) }
+	r.network(ctx, stepResolveRoute, resolveRoute, retrying(rdmacm.EventRouteResolved, rdmacm.EventRouteError, resolveRoute))
+	init := verbs.QPInit{Type: verbs.QPTypeRC, SendCQ: cqs.send, RecvCQ: cqs.recv, Cap: qpCap}
+	r.local(stepCreateQP, func(n *node) (err error) {
+		if !c.manual {
+			n.qp, err = n.id.CreateQP(pd, init)
+			return err
+		}
+		if n.qp, err = pd.CreateQP(init); err != nil {
+			return err
+		}
+		return n.move(verbs.QPStateInit, "")
+	})
 	cqs.charge(r)
-	r.startWait(rdmacm.StepConnect, startStep(rdmacm.StepConnect), func(n *node) (err error) {
-		n.conn, err = n.c.Connect(ctx)
+	r.network(ctx, stepConnect, func(n *node) error {
+		p := param
+		if c.manual {
+			p.QPNum = n.qp.QPN
+		}
+		return n.id.Connect(p, nil)
+	}, func(n *node, ev *rdmacm.Event) (bool, error) {
+		switch {
+		case ev.Type == rdmacm.EventEstablished && !c.manual:
+			return true, nil
+		case ev.Type == rdmacm.EventConnectResponse && c.manual:
+			// The QP is ours to move, then the RTU tells the peer. INIT
+			// again first, as librdmacm does: only now does the CM grant
+			// remote read access.
+			for _, s := range []verbs.QPState{verbs.QPStateInit, verbs.QPStateRTR, verbs.QPStateRTS} {
+				if err := n.move(s, map[verbs.QPState]string{verbs.QPStateInit: stepInitQP, verbs.QPStateRTR: stepRTRQP,
+					verbs.QPStateRTS: stepRTSQP}[s]); err != nil {
+					return true, err
+				}
+			}
+			start := time.Now()
+			err := n.id.Establish()
+			n.d[stepEstablish] += time.Since(start)
+			return true, err
+		}
+		return true, unexpected(ev)
+	})
+	r.network(ctx, stepDisconnect, func(n *node) error {
+		err := n.id.Disconnect()
+		if cerr := n.qp.Close(); err == nil {
+			err = cerr
+		}
+		n.qp = nil
+		return err
+	}, func(n *node, ev *rdmacm.Event) (bool, error) {
+		if ev.Type == rdmacm.EventDisconnected {
+			return true, nil
+		}
+		return true, unexpected(ev)
+	})
+	r.local(stepDestroy, func(n *node) error {
+		err := n.id.Close()
+		n.id = nil
 		return err
 	})
-	r.startWait(rdmacm.StepDisconnect, func(n *node) error { return n.conn.StartDisconnect() },
-		func(n *node) error { return n.conn.Disconnect(ctx) })
-	// Close releases the QP, then the id: two rows, each the sum of the
-	// connections' times, as the loop takes them one after another.
-	r.run(-1, func(n *node) error { return n.conn.Close() })
-	r.within = append(r.within, rdmacm.StepDestroyQP, rdmacm.StepDestroyID)
-	// Every connection is closed by now, unless an interrupted iWARP dial
-	// still releases its QP in the background: then the CQs and the PD are
-	// busy, and that is reported rather than left behind unsaid.
+	// Every connection is released by now: the CQs and the PD must be free.
 	if err := errors.Join(cqs.close(), pd.Close()); err != nil {
 		r.pdErr = fmt.Errorf("closing the shared CQs and PD: %w", err)
 	}
@@ -250,45 +296,117 @@ func connectAll(ctx context.Context, c config) (*result, error) {
 	return r, nil
 }
 
-// startWait runs network step s as C does: a loop that sends every
-// connection's request, then one that waits for each answer.
-func (r *result) startWait(s rdmacm.Step, send, wait func(*node) error) {
+// qpCap is the C tool's: one-entry queues.
+var qpCap = verbs.QPCap{MaxSendWR: 1, MaxRecvWR: 1, MaxSendSGE: 1, MaxRecvSGE: 1}
+
+// move takes the node's own QP to state with the CM's attributes, timing
+// it as step (unless "").
+func (n *node) move(state verbs.QPState, step string) error {
+	start := time.Now()
+	a, mask, err := n.id.InitQPAttr(state)
+	if err != nil {
+		return err
+	}
+	if err := n.qp.Modify(&a, mask); err != nil {
+		return err
+	}
+	if step != "" {
+		n.d[step] += time.Since(start)
+	}
+	return nil
+}
+
+// unexpected is the error of an event the step did not wait for: the
+// event's own error if it reports a failure.
+func unexpected(ev *rdmacm.Event) error {
+	if err := ev.Err(); err != nil {
+		return err
+	}
+	return fmt.Errorf("%w: %v, status %d", errUnexpected, ev.Type, ev.Status)
+}
+
+var errUnexpected = errors.New("unexpected CM event")
+
+// retrying answers a resolution step: done on ok; on fail, the request
+// again while the node has retries left, as the C tool does.
+func retrying(ok, fail rdmacm.EventType, again func(*node) error) func(*node, *rdmacm.Event) (bool, error) {
+	return func(n *node, ev *rdmacm.Event) (bool, error) {
+		switch {
+		case ev.Type == ok:
+			return true, nil
+		case ev.Type == fail && n.tries > 0:
+			n.tries--
+			return false, again(n)
+		}
+		return true, unexpected(ev)
+	}
+}
+
+// local runs a step that waits for nothing, for every connection in a
+// loop, timing the phase and each connection.
+func (r *result) local(s string, f func(*node) error) {
 	begin := time.Now()
-	r.run(-1, send)
-	r.run(-1, wait)
+	for _, n := range r.live() {
+		start := time.Now()
+		err := f(n)
+		n.d[s] += time.Since(start)
+		r.check(n, err)
+	}
 	r.phases = append(r.phases, phase{s, time.Since(begin)})
 }
 
-// startStep sends a connection's request for step s (Connector.Start).
-func startStep(s rdmacm.Step) func(*node) error {
-	return func(n *node) error { return n.c.Start(s) }
-}
-
-// run takes every connection still going through step s in a loop, and
-// records the step's wall time (unless s is negative). A connection that
-// fails is released and drops out.
-func (r *result) run(s rdmacm.Step, f func(*node) error) {
-	start := time.Now()
-	for _, n := range r.nodes {
-		if n.failed {
-			continue
-		}
-		if err := f(n); err != nil {
-			n.failed = true
-			if n.c != nil {
-				n.c.Close()
+// network runs a step as C does: a loop that sends every connection's
+// request, then one that takes each connection's answer (answer reports
+// whether the step is done, or sent its request again).
+func (r *result) network(ctx context.Context, s string, send func(*node) error, answer func(*node, *rdmacm.Event) (bool, error)) {
+	begin := time.Now()
+	for _, n := range r.live() {
+		n.start = time.Now()
+		r.check(n, send(n))
+	}
+	for _, n := range r.live() {
+		for {
+			ev, err := n.id.Event(ctx)
+			if err != nil {
+				r.check(n, err)
+				break
 			}
-			if n.conn != nil {
-				n.conn.Close()
-			}
-			r.failed++
-			if r.err == nil {
-				r.err = err
+			done, err := answer(n, ev)
+			if done || err != nil {
+				n.d[s] += time.Since(n.start)
+				r.check(n, err)
+				break
 			}
 		}
 	}
-	if s >= 0 {
-		r.phases = append(r.phases, phase{s, time.Since(start)})
+	r.phases = append(r.phases, phase{s, time.Since(begin)})
+}
+
+func (r *result) live() []*node {
+	var out []*node
+	for _, n := range r.nodes {
+		if !n.failed {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// check drops a connection that failed, releasing its QP and id.
+func (r *result) check(n *node, err error) {
+	if err == nil {
+		return
+	}
+	n.failed = true
+	if n.qp != nil {
+		n.qp.Close()
+	}
+	if n.id != nil {
+		n.id.Close()
+	}
+	r.failed++
+	if r.err == nil {
+		r.err = err
 	}
 }
 
@@ -296,8 +414,8 @@ func (r *result) run(s rdmacm.Step, f func(*node) error) {
 // the C tool's do: its first rdma_create_qp makes a pair of CQs and, as
 // librdmacm does, writes them back into the attributes the tool passes
 // again for every other connection, which then reuses them. Ours are made
-// before the clock starts (Options are fixed when a Connector is made), and
-// the time that took is charged to the create qp step, where C pays it.
+// before the clock starts, and the time that took is charged to the create
+// qp step, where C pays it.
 type sharedCQs struct {
 	send, recv *verbs.CQ
 	took       time.Duration
@@ -322,13 +440,13 @@ func newSharedCQs(pd *verbs.PD, cp verbs.QPCap) (*sharedCQs, error) {
 // and to the first connection's own time, as in C.
 func (q *sharedCQs) charge(r *result) {
 	for i := range r.phases {
-		if r.phases[i].step == rdmacm.StepCreateQP {
+		if r.phases[i].step == stepCreateQP {
 			r.phases[i].wall += q.took
 		}
 	}
 	for _, n := range r.nodes {
-		if _, ok := n.d[rdmacm.StepCreateQP]; ok {
-			n.d[rdmacm.StepCreateQP] += q.took
+		if _, ok := n.d[stepCreateQP]; ok {
+			n.d[stepCreateQP] += q.took
 			return
 		}
 	}
@@ -336,20 +454,22 @@ func (q *sharedCQs) charge(r *result) {
 
 func (q *sharedCQs) close() error { return errors.Join(q.send.Close(), q.recv.Close()) }
 
-// devicePD allocates the PD that all connections share. The C tool's QPs
-// share librdmacm's PD of the device, allocated once, with the first id
-// that resolves to it; ours is allocated once as well, on the device the
-// route to the server leaves by, before the clock starts.
-func devicePD(ctx context.Context, server string, src netip.Addr) (*verbs.PD, error) {
+// devicePD allocates the PD that all connections share, on librdmacm's
+// context of the device the route to the server leaves by, before the
+// clock starts (the C tool's QPs share librdmacm's PD of the device,
+// allocated once, with the first id that resolves to it). It also looks
+// the server's name up, as the C tool does before its clock starts.
+func devicePD(ctx context.Context, server string, src netip.Addr) (*verbs.PD, netip.Addr, error) {
 	path, err := resolver.ResolveHost(ctx, server, resolver.Options{Source: src})
 	if err != nil {
-		return nil, fmt.Errorf("the RDMA device towards %s: %w", server, err)
+		return nil, netip.Addr{}, fmt.Errorf("the RDMA device towards %s: %w", server, err)
 	}
 	dev, err := rdmacm.OpenDevice(path.Device)
 	if err != nil {
-		return nil, err
+		return nil, netip.Addr{}, err
 	}
-	return dev.AllocPD()
+	pd, err := dev.AllocPD()
+	return pd, path.Destination, err
 }
 
 // procStatus is one field of /proc/self/status.
@@ -380,8 +500,8 @@ type row struct {
 // the connections' times. Max and min are one connection's.
 func (r *result) rows() []row {
 	var rows []row
-	add := func(s rdmacm.Step, total time.Duration, sum bool) {
-		w := row{step: s.String(), min: -1}
+	add := func(s string, total time.Duration, sum bool) {
+		w := row{step: s, min: -1}
 		seen := false
 		for _, n := range r.nodes {
 			if d, ok := n.d[s]; ok {

@@ -8,22 +8,20 @@
 //
 // Like the C client, the Go client takes all connections through one step
 // before any starts the next (create id, resolve address, resolve route,
-// create QP, connect, disconnect, destroy), with rdmacm.Connector's
-// step-wise dial and Conn.Disconnect: the local calls (create id, create
-// QP, destroy) in a loop; the address, route, connect and disconnect
-// requests sent in one loop (Connector.Start, Conn.StartDisconnect) and
-// their answers awaited in another. Each row is the wall time of one
-// step for all connections. Destroy has two rows: "destroy qp" (QP, memory
-// and CQs) and "destroy id", each the sum of the connections' times, as one
-// Close per connection does both. The C client destroys each QP right
-// after its rdma_disconnect, inside its "disconnect" row, and its
-// "destroy" is rdma_destroy_id alone.
-// All connections share one PD (Options.PD), as the C client's QPs share
-// librdmacm's PD of the device; it is allocated before the clock starts.
-// With -q the QPs are moved by rdmago's manual mode: the INIT, RTR and RTS
-// modifies and the RTU follow each reply inside the connect step, and get
-// rows of their own that sum the connections' times. The client can talk
-// to the C server ("cmtime" with no -s) and the C client to ours.
+// create QP, connect, disconnect, destroy), from one goroutine, on rdmacm's
+// thin layer (rdmacm.ID): the local calls (create id, create QP, destroy)
+// in a loop; the address, route, connect and disconnect requests sent in
+// one loop and their answers taken in another. Each row is the wall time
+// of one step for all connections; as in C, each QP is destroyed right
+// after its rdma_disconnect, inside "disconnect", and "destroy" is
+// rdma_destroy_id. All connections share one PD and one pair of CQs, as
+// the C client's QPs do; they are made before the clock starts, and the
+// CQs' creation is charged to "create qp", where C pays it.
+// With -q the QPs are rdmago's own, moved with rdma_init_qp_attr's
+// attributes through verbs' checked Modify: the INIT, RTR and RTS modifies
+// and the RTU follow each reply inside the connect step, and get rows of
+// their own that sum the connections' times. The client can talk to the C
+// server ("cmtime" with no -s) and the C client to ours.
 //
 // After the table the client prints what the run cost the Go process: OS
 // threads created and peak resident memory.

@@ -7,11 +7,9 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-
-	"github.com/rdmago/rdmago/rdmacm"
 )
 
-func nodeWith(d map[rdmacm.Step]time.Duration) *node { return &node{d: d} }
+func nodeWith(d map[string]time.Duration) *node { return &node{d: d} }
 
 // A phase's row is its wall time; a step run inside other phases sums the
 // connections' times; max and min are one connection's.
@@ -19,20 +17,20 @@ func TestRows(t *testing.T) {
 	ms := time.Millisecond
 	r := &result{conns: 2,
 		nodes: []*node{
-			nodeWith(map[rdmacm.Step]time.Duration{rdmacm.StepCreateID: 1 * ms, rdmacm.StepConnect: 5 * ms,
-				rdmacm.StepInitQP: 3 * ms, rdmacm.StepDestroyID: 2 * ms}),
-			nodeWith(map[rdmacm.Step]time.Duration{rdmacm.StepCreateID: 3 * ms, rdmacm.StepConnect: 7 * ms,
-				rdmacm.StepInitQP: 1 * ms}),
+			nodeWith(map[string]time.Duration{stepCreateID: 1 * ms, stepConnect: 5 * ms,
+				stepInitQP: 3 * ms, stepEstablish: 2 * ms}),
+			nodeWith(map[string]time.Duration{stepCreateID: 3 * ms, stepConnect: 7 * ms,
+				stepInitQP: 1 * ms}),
 		},
-		phases: []phase{{rdmacm.StepCreateID, 10 * ms}, {rdmacm.StepConnect, 8 * ms}},
-		within: []rdmacm.Step{rdmacm.StepInitQP, rdmacm.StepRTRQP, rdmacm.StepDestroyID},
+		phases: []phase{{stepCreateID, 10 * ms}, {stepConnect, 8 * ms}},
+		within: []string{stepInitQP, stepRTRQP, stepEstablish},
 	}
 	assert.Equal(t, []row{
 		{step: "create id", total: 10 * ms, max: 3 * ms, min: 1 * ms, perConn: 5 * ms},
 		{step: "connect", total: 8 * ms, max: 7 * ms, min: 5 * ms, perConn: 4 * ms},
 		{step: "init qp", total: 4 * ms, max: 3 * ms, min: 1 * ms, perConn: 2 * ms},
 		// rtr qp: no connection got there, no row.
-		{step: "destroy id", total: 2 * ms, max: 2 * ms, min: 2 * ms, perConn: 1 * ms},
+		{step: "establish", total: 2 * ms, max: 2 * ms, min: 2 * ms, perConn: 1 * ms},
 	}, r.rows())
 
 	var out bytes.Buffer

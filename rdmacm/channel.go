@@ -8,7 +8,6 @@ import (
 	"strings"
 	"sync"
 	"syscall"
-	"time"
 
 	"github.com/rdmago/rdmago/internal/cma"
 	"github.com/rdmago/rdmago/internal/fdwait"
@@ -16,21 +15,6 @@ import (
 	"github.com/rdmago/rdmago/internal/vbridge"
 	"github.com/rdmago/rdmago/verbs"
 )
-
-// event is one CM event as the library delivers it.
-type event struct {
-	Type        EventType
-	Status      int
-	PrivateData []byte
-	Param       ConnParam
-	// UD (PS_UDP) events: the peer's QP number and qkey, and the address
-	// vector to reach it.
-	UD    bool
-	QKey  uint32
-	AH    verbs.AHAttr
-	child *cmID // CONNECT_REQUEST: the new id
-	err   error // eventChannelFailed: why
-}
 
 // eventChannelFailed is not librdmacm's: the dispatcher hands it to every
 // id with a handler when the event channel fails, so that no connection
@@ -64,7 +48,7 @@ type cmHandle interface {
 
 // rawEvent is an event as the source reads it, before routing.
 type rawEvent struct {
-	ev *event
+	ev *Event
 	// token is the context of the id it belongs to (for a connect
 	// request, the listener's).
 	token uint64
@@ -105,7 +89,7 @@ func (s *cmaSource) read() (rawEvent, error) {
 	if err != nil {
 		return rawEvent{}, fmt.Errorf("waiting for the rdma_cm event channel in Go's poller: %w", err)
 	}
-	ev := &event{Type: EventType(got.Type), Status: got.Status, UD: got.UD, PrivateData: got.PrivateData,
+	ev := &Event{Type: EventType(got.Type), Status: got.Status, UD: got.UD, PrivateData: got.PrivateData,
 		Param: ConnParam(got.Param)}
 	if ev.UD {
 		ev.QKey = got.QKey
@@ -128,7 +112,7 @@ type channel struct {
 	src eventSource
 
 	mu   sync.Mutex
-	ids  map[uint64]*cmID
+	ids  map[uint64]*ID
 	next uint64
 
 	failed chan struct{} // closed when the source failed; err says why
@@ -136,7 +120,7 @@ type channel struct {
 }
 
 func newChannel(src eventSource) *channel {
-	ch := &channel{src: src, ids: map[uint64]*cmID{}, failed: make(chan struct{})}
+	ch := &channel{src: src, ids: map[uint64]*ID{}, failed: make(chan struct{})}
 	go ch.dispatch()
 	return ch
 }
@@ -219,29 +203,29 @@ func sharedChannel() (*channel, error) {
 }
 
 // add registers a new id under a fresh token.
-func (ch *channel) add(ps PortSpace) *cmID {
+func (ch *channel) add(ps PortSpace) *ID {
 	ch.mu.Lock()
 	defer ch.mu.Unlock()
 	ch.next++
-	c := &cmID{ch: ch, token: ch.next, ps: ps, notify: make(chan struct{}, 1), closed: make(chan struct{})}
+	c := &ID{ch: ch, token: ch.next, ps: ps, notify: make(chan struct{}, 1), closed: make(chan struct{})}
 	ch.ids[c.token] = c
 	return c
 }
 
-func (ch *channel) remove(c *cmID) {
+func (ch *channel) remove(c *ID) {
 	ch.mu.Lock()
 	defer ch.mu.Unlock()
 	delete(ch.ids, c.token)
 }
 
-func (ch *channel) lookup(token uint64) *cmID {
+func (ch *channel) lookup(token uint64) *ID {
 	ch.mu.Lock()
 	defer ch.mu.Unlock()
 	return ch.ids[token]
 }
 
 // newID creates an id on the channel.
-func (ch *channel) newID(ps PortSpace) (*cmID, error) {
+func (ch *channel) newID(ps PortSpace) (*ID, error) {
 	select {
 	case <-ch.failed:
 		return nil, ch.failure()
@@ -258,7 +242,7 @@ func (ch *channel) newID(ps PortSpace) (*cmID, error) {
 }
 
 // newID creates an id on the process's channel.
-func newID(ps PortSpace) (*cmID, error) {
+func newID(ps PortSpace) (*ID, error) {
 	ch, err := sharedChannel()
 	if err != nil {
 		return nil, err
@@ -292,7 +276,7 @@ func (ch *channel) dispatch() {
 			child := ch.add(ps)
 			child.h = re.child
 			re.child.SetToken(child.token)
-			ev.child = child
+			ev.ID = child
 		}
 		if c == nil {
 			// The id was closed after the event was read.
@@ -310,7 +294,7 @@ func (ch *channel) fail(err error) {
 	ch.mu.Lock()
 	ch.err = err
 	close(ch.failed)
-	ids := make([]*cmID, 0, len(ch.ids))
+	ids := make([]*ID, 0, len(ch.ids))
 	for _, c := range ch.ids {
 		ids = append(ids, c)
 	}
@@ -320,47 +304,33 @@ func (ch *channel) fail(err error) {
 		h := c.handler
 		c.mu.Unlock()
 		if h != nil {
-			c.deliver(&event{Type: eventChannelFailed, err: ch.failure()})
+			c.deliver(&Event{Type: eventChannelFailed, err: ch.failure()})
 		}
 	}
 }
 
-// cmID is an rdma_cm_id on a channel. Until a handler is set its events
-// queue for next and poll; then the handler gets them as they come.
-type cmID struct {
-	h     cmHandle
-	ch    *channel
-	token uint64 // the id's context: how the dispatcher finds it
-	ps    PortSpace
-
-	mu      sync.Mutex
-	queue   []*event
-	handler func(*event)
-	notify  chan struct{} // one token when queue grows
-	closed  chan struct{} // closed by close
-}
-
 // dropped releases what an event that no one will see holds: a connect
 // request's new id is refused and destroyed.
-func (ev *event) dropped() {
-	if ev.child != nil {
-		ev.child.reject(nil)
-		ev.child.close()
+func (ev *Event) dropped() {
+	if ev.ID != nil {
+		ev.ID.h.Reject(nil)
+		ev.ID.destroy()
 	}
 }
 
 // dropLater is dropped for the dispatcher, which must never wait:
 // destroying an iWARP id can wait on the peer, so a refusal runs on a
 // goroutine of its own.
-func (ev *event) dropLater() {
-	if ev.child != nil {
+func (ev *Event) dropLater() {
+	if ev.ID != nil {
 		go ev.dropped()
 	}
 }
 
 // deliver hands ev to the handler, or queues it. The handler runs under
 // c.mu, which keeps events in order; it must not block.
-func (c *cmID) deliver(ev *event) {
+func (c *ID) deliver(ev *Event) {
+	ev.id = c
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	select {
@@ -381,7 +351,7 @@ func (c *cmID) deliver(ev *event) {
 }
 
 // setHandler routes this id's events to h from now on, queued ones first.
-func (c *cmID) setHandler(h func(*event)) {
+func (c *ID) setHandler(h func(*Event)) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.handler = h
@@ -391,13 +361,13 @@ func (c *cmID) setHandler(h func(*event)) {
 	c.queue = nil
 	select {
 	case <-c.ch.failed:
-		h(&event{Type: eventChannelFailed, err: c.ch.failure()})
+		h(&Event{Type: eventChannelFailed, err: c.ch.failure()})
 	default:
 	}
 }
 
 // poll returns a queued event, or nil.
-func (c *cmID) poll() *event {
+func (c *ID) poll() *Event {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if len(c.queue) == 0 {
@@ -409,7 +379,7 @@ func (c *cmID) poll() *event {
 }
 
 // next waits for the next queued event.
-func (c *cmID) next(ctx context.Context) (*event, error) {
+func (c *ID) next(ctx context.Context) (*Event, error) {
 	for {
 		if ev := c.poll(); ev != nil {
 			return ev, nil
@@ -429,152 +399,29 @@ func (c *cmID) next(ctx context.Context) (*event, error) {
 	}
 }
 
-// close destroys the id. Every event read was acked at once, so
+// destroy destroys the id. Every event read was acked at once, so
 // rdma_destroy_id cannot wait on us; events still queued in the kernel are
 // dropped with the id, and queued connect requests' ids are refused and
 // destroyed. The QP, if the CM made one, must be gone.
-func (c *cmID) close() {
+func (c *ID) destroy() error {
 	c.mu.Lock()
 	select {
 	case <-c.closed:
 		c.mu.Unlock()
-		return
+		return nil
 	default:
 	}
 	close(c.closed)
-	queued := c.queue
-	c.queue = nil
+	queued, qp := c.queue, c.qp
+	c.queue, c.qp = nil, nil
 	c.mu.Unlock()
 	c.ch.remove(c)
-	c.h.Destroy()
+	if qp != nil {
+		qp.Close() // librdmacm destroys it through the id
+	}
+	err := c.h.Destroy()
 	for _, ev := range queued {
 		ev.dropped()
 	}
-}
-
-func sockaddrOf(ap netip.AddrPort) (cma.SockAddr, error) {
-	a := ap.Addr()
-	if !a.IsValid() {
-		return cma.SockAddr{}, errors.New("no address")
-	}
-	var scope uint32
-	if z := a.Zone(); z != "" {
-		idx, err := zoneIndex(z)
-		if err != nil {
-			return cma.SockAddr{}, err
-		}
-		scope = idx
-	}
-	return cma.SockAddr{AP: netip.AddrPortFrom(a.WithZone(""), ap.Port()), Scope: scope}, nil
-}
-
-func addrPortOf(sa cma.SockAddr) netip.AddrPort {
-	if sa.Scope != 0 && sa.AP.Addr().Is6() {
-		return netip.AddrPortFrom(sa.AP.Addr().WithZone(zoneName(sa.Scope)), sa.AP.Port())
-	}
-	return sa.AP
-}
-
-func (c *cmID) localAddr() netip.AddrPort { return addrPortOf(c.h.LocalAddr()) }
-func (c *cmID) peerAddr() netip.AddrPort  { return addrPortOf(c.h.PeerAddr()) }
-
-// deviceName is the RDMA device the id is bound to, once it is.
-func (c *cmID) deviceName() string { return c.h.DeviceName() }
-
-func (c *cmID) portNum() int { return c.h.PortNum() }
-
-// device wraps the id's verbs context, which librdmacm owns.
-func (c *cmID) device() (*verbs.Device, error) {
-	ctx := c.h.Context()
-	if ctx == nil {
-		return nil, errors.New("the id is bound to no RDMA device yet")
-	}
-	return vbridge.Device(ctx).(*verbs.Device), nil
-}
-
-func (c *cmID) setOption(name int, v []byte) error { return c.h.SetOption(name, v) }
-
-const (
-	optTOS        = cma.OptTOS
-	optReuseAddr  = cma.OptReuseAddr
-	optAFOnly     = cma.OptAFOnly
-	optACKTimeout = cma.OptACKTimeout
-)
-
-func (c *cmID) bind(ap netip.AddrPort) error {
-	sa, err := sockaddrOf(ap)
-	if err != nil {
-		return err
-	}
-	return c.h.Bind(sa)
-}
-
-func (c *cmID) resolveAddr(src netip.Addr, dst netip.AddrPort, timeout time.Duration) error {
-	var s cma.SockAddr
-	if src.IsValid() {
-		var err error
-		if s, err = sockaddrOf(netip.AddrPortFrom(src, 0)); err != nil {
-			return err
-		}
-	}
-	d, err := sockaddrOf(dst)
-	if err != nil {
-		return err
-	}
-	return c.h.ResolveAddr(s, d, int(timeout.Milliseconds()))
-}
-
-func (c *cmID) resolveRoute(timeout time.Duration) error {
-	return c.h.ResolveRoute(int(timeout.Milliseconds()))
-}
-
-func (c *cmID) listen(backlog int) error { return c.h.Listen(backlog) }
-
-func (c *cmID) connectOrAccept(accept bool, p ConnParam, data []byte) error {
-	return c.h.Connect(accept, cma.ConnParam(p), data)
-}
-
-func (c *cmID) reject(data []byte) error { return c.h.Reject(data) }
-
-func (c *cmID) disconnect() error { return c.h.Disconnect() }
-
-func (c *cmID) establish() error { return c.h.Establish() }
-
-// initQPAttr asks the CM for the attributes of the transition to state.
-func (c *cmID) initQPAttr(state verbs.QPState) (verbs.QPAttr, verbs.AttrMask, error) {
-	a, mask, err := c.h.InitQPAttr(int(state))
-	if err != nil {
-		return verbs.QPAttr{}, 0, err
-	}
-	return vbridge.QPAttr(&a).(verbs.QPAttr), verbs.AttrMask(mask), nil
-}
-
-// createQP has librdmacm create the QP (rdma_create_qp), which it then
-// moves itself; it is destroyed with rdma_destroy_qp.
-func (c *cmID) createQP(pd *verbs.PD, scq, rcq *verbs.CQ, t verbs.QPType, cp verbs.QPCap) (*verbs.QP, error) {
-	p, s, r := vbridge.PD(pd), vbridge.CQ(scq), vbridge.CQ(rcq)
-	if p == nil || s == nil || r == nil {
-		return nil, fmt.Errorf("%w: the PD or a CQ is closed", syscall.EBADF)
-	}
-	qp, err := c.h.CreateQP(p, s, r, int(t), vbridge.QPCap(cp))
-	if err != nil {
-		return nil, err
-	}
-	return vbridge.AdoptQP(pd, qp, int(t)).(*verbs.QP), nil
-}
-
-func (c *cmID) joinMulticast(group netip.Addr) error {
-	sa, err := sockaddrOf(netip.AddrPortFrom(group, 0))
-	if err != nil {
-		return err
-	}
-	return c.h.JoinMulticast(sa.AP.Addr(), sa.Scope)
-}
-
-func (c *cmID) leaveMulticast(group netip.Addr) error {
-	sa, err := sockaddrOf(netip.AddrPortFrom(group, 0))
-	if err != nil {
-		return err
-	}
-	return c.h.LeaveMulticast(sa.AP.Addr(), sa.Scope)
+	return err
 }

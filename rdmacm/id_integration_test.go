@@ -1,0 +1,298 @@
+//go:build integration
+
+package rdmacm_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net/netip"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/rdmago/rdmago/rdmacm"
+	"github.com/rdmago/rdmago/verbs"
+)
+
+// event waits for id's next event and requires it to be want.
+func event(t *testing.T, ctx context.Context, id *rdmacm.ID, want rdmacm.EventType) *rdmacm.Event {
+	t.Helper()
+	ev, err := id.Event(ctx)
+	require.NoError(t, err)
+	require.Equal(t, want, ev.Type, "status %d", ev.Status)
+	return ev
+}
+
+// idQP makes a CM-moved QP for id on its device, with a PD and a CQ that
+// the test releases after it.
+func idQP(t *testing.T, id *rdmacm.ID) (*verbs.QP, *verbs.CQ, *verbs.PD) {
+	t.Helper()
+	dev, err := id.Device()
+	require.NoError(t, err)
+	pd, err := dev.AllocPD()
+	require.NoError(t, err)
+	cq, err := dev.CreateCQ(8)
+	require.NoError(t, err)
+	qp, err := id.CreateQP(pd, verbs.QPInit{Type: verbs.QPTypeRC, SendCQ: cq, RecvCQ: cq, Cap: verbsCap(4)})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		assert.NoError(t, qp.Close())
+		assert.NoError(t, cq.Close())
+		assert.NoError(t, pd.Close())
+	})
+	return qp, cq, pd
+}
+
+// A connection made by hand on the thin layer, both sides, carries data
+// with private data passed through untouched, and ends with DISCONNECTED
+// on both sides.
+func TestIDConnectsStepByStep(t *testing.T) {
+	forEachDevice(t, func(t *testing.T, d device) {
+		checkNoLeaks(t)
+		ctx := ctxFor(t, 20*time.Second)
+		dst := netip.MustParseAddrPort(d.at(port()))
+
+		l, err := rdmacm.NewID(rdmacm.PortSpaceTCP)
+		require.NoError(t, err)
+		defer func() { assert.NoError(t, l.Close()) }()
+		require.NoError(t, l.SetOption(rdmacm.OptionReuseAddr, 1))
+		require.NoError(t, l.Bind(dst))
+		require.NoError(t, l.Listen(8))
+		assert.Equal(t, dst, l.LocalAddr())
+		assert.Equal(t, d.name, l.DeviceName(), "bound to a device's address")
+
+		c, err := rdmacm.NewID(rdmacm.PortSpaceTCP)
+		require.NoError(t, err)
+		defer func() { assert.NoError(t, c.Close()) }()
+		require.NoError(t, c.ResolveAddr(netip.Addr{}, dst, 2*time.Second))
+		event(t, ctx, c, rdmacm.EventAddrResolved)
+		assert.Equal(t, d.name, c.DeviceName())
+		assert.Equal(t, 1, c.Port())
+		require.NoError(t, c.ResolveRoute(2*time.Second))
+		event(t, ctx, c, rdmacm.EventRouteResolved)
+		cqp, ccq, cpd := idQP(t, c)
+		if !d.iwarp {
+			assert.Equal(t, verbs.QPStateInit, cqp.State(), "librdmacm takes a new IB/RoCE QP to INIT, the rest at connect")
+		}
+
+		hello := []byte("raw private data, no rdmago header")
+		param := rdmacm.ConnParam{ResponderResources: 1, InitiatorDepth: 1, RetryCount: 7, RNRRetryCount: 7}
+		require.NoError(t, c.Connect(param, hello))
+
+		req := event(t, ctx, l, rdmacm.EventConnectRequest)
+		require.NotNil(t, req.ID, "a request comes with its own id")
+		s := req.ID
+		defer func() { assert.NoError(t, s.Close()) }()
+		assert.True(t, bytes.HasPrefix(req.PrivateData, hello), "private data as sent (padded on RoCE): %q", req.PrivateData)
+		if d.iwarp {
+			assert.Equal(t, hello, req.PrivateData, "iWARP carries the exact length")
+		}
+		assert.Equal(t, c.LocalAddr(), s.RemoteAddr())
+		sqp, scq, spd := idQP(t, s)
+		rbuf, err := spd.RegisterMemory(64, verbs.AccessLocalWrite)
+		require.NoError(t, err)
+		defer rbuf.Close()
+		require.NoError(t, sqp.PostRecv(verbs.RecvWR{ID: 1, SGEs: []verbs.SGE{rbuf.SGE(0, 64)}}))
+		require.NoError(t, s.Accept(param, []byte("welcome")))
+
+		ev := event(t, ctx, c, rdmacm.EventEstablished)
+		assert.True(t, bytes.HasPrefix(ev.PrivateData, []byte("welcome")))
+		if !d.iwarp { // siw's query reports RESET for a connected QP
+			assert.Equal(t, verbs.QPStateRTS, cqp.State())
+		}
+		event(t, ctx, s, rdmacm.EventEstablished)
+
+		// A SEND crosses.
+		sbuf, err := cpd.RegisterMemory(64, 0)
+		require.NoError(t, err)
+		defer sbuf.Close()
+		copy(sbuf.Bytes(), "ping")
+		require.NoError(t, cqp.PostSend(verbs.SendWR{ID: 2, Opcode: verbs.OpSend, Flags: verbs.SendSignaled, SGEs: []verbs.SGE{sbuf.SGE(0, 4)}}))
+		wcs := make([]verbs.WorkCompletion, 1)
+		_, err = scq.PollWait(ctx, wcs)
+		require.NoError(t, err)
+		require.NoError(t, wcs[0].Err())
+		assert.Equal(t, "ping", string(rbuf.Bytes()[:wcs[0].ByteLen]))
+		_, err = ccq.PollWait(ctx, wcs)
+		require.NoError(t, err)
+		require.NoError(t, wcs[0].Err())
+
+		// The peer's DISCONNECTED is answered with a Disconnect of our own:
+		// on RoCE the side that began waits for that reply.
+		require.NoError(t, c.Disconnect())
+		event(t, ctx, s, rdmacm.EventDisconnected)
+		require.NoError(t, s.Disconnect())
+		event(t, ctx, c, rdmacm.EventDisconnected)
+	})
+}
+
+// Closing an id first takes the QP CreateQP made with it (librdmacm
+// destroys it through the id); the QP's own Close is then harmless.
+func TestIDCloseTakesItsQP(t *testing.T) {
+	forEachDevice(t, func(t *testing.T, d device) {
+		checkNoLeaks(t)
+		ctx := ctxFor(t, 20*time.Second)
+		id, err := rdmacm.NewID(rdmacm.PortSpaceTCP)
+		require.NoError(t, err)
+		require.NoError(t, id.ResolveAddr(netip.Addr{}, netip.MustParseAddrPort(d.at(port())), 2*time.Second))
+		event(t, ctx, id, rdmacm.EventAddrResolved)
+		dev, err := id.Device()
+		require.NoError(t, err)
+		pd, err := dev.AllocPD()
+		require.NoError(t, err)
+		cq, err := dev.CreateCQ(2)
+		require.NoError(t, err)
+		qp, err := id.CreateQP(pd, verbs.QPInit{Type: verbs.QPTypeRC, SendCQ: cq, RecvCQ: cq, Cap: verbsCap(1)})
+		require.NoError(t, err)
+		require.NoError(t, id.Close())
+		assert.NoError(t, qp.Close(), "after its id")
+		assert.NoError(t, cq.Close(), "no QP uses the CQ any more")
+		assert.NoError(t, pd.Close())
+	})
+}
+
+// Calls the CM refuses, and calls on a closed id, fail with errors that say
+// which call and where; a wait ends with its context.
+func TestIDRefusals(t *testing.T) {
+	forEachDevice(t, func(t *testing.T, d device) {
+		checkNoLeaks(t)
+		id, err := rdmacm.NewID(rdmacm.PortSpaceTCP)
+		require.NoError(t, err)
+
+		_, err = id.Device()
+		assert.ErrorContains(t, err, "bound to no RDMA device yet")
+		assert.ErrorIs(t, id.SetOption(rdmacm.OptionACKTimeout, 32), syscall.EINVAL)
+		assert.ErrorIs(t, id.SetOption(rdmacm.OptionReuseAddr, 2), syscall.EINVAL)
+		assert.ErrorIs(t, id.ResolveAddr(netip.Addr{}, netip.AddrPort{}, time.Second), syscall.EINVAL)
+		err = id.ResolveRoute(time.Second)
+		assert.ErrorIs(t, err, syscall.EINVAL, "no route before an address (librdmacm would crash)")
+		assert.ErrorContains(t, err, "rdma_resolve_route")
+		assert.ErrorIs(t, id.Connect(rdmacm.ConnParam{}, nil), syscall.EINVAL, "no connect before a route (likewise)")
+		assert.ErrorIs(t, id.Accept(rdmacm.ConnParam{}, nil), syscall.EINVAL, "no accept on an id of no request (likewise)")
+		_, _, err = id.InitQPAttr(verbs.QPStateRTR)
+		assert.ErrorContains(t, err, "rdma_init_qp_attr")
+
+		// A PD of verbs.Open's context is not librdmacm's.
+		r, err := rdmacm.NewID(rdmacm.PortSpaceTCP)
+		require.NoError(t, err)
+		defer r.Close()
+		require.NoError(t, r.ResolveAddr(netip.Addr{}, netip.MustParseAddrPort(d.at(port())), 2*time.Second))
+		event(t, ctxFor(t, 10*time.Second), r, rdmacm.EventAddrResolved)
+		dev, err := verbs.Open(d.name)
+		require.NoError(t, err)
+		defer dev.Close()
+		pd, err := dev.AllocPD()
+		require.NoError(t, err)
+		defer pd.Close()
+		cq, err := dev.CreateCQ(2)
+		require.NoError(t, err)
+		defer cq.Close()
+		_, err = r.CreateQP(pd, verbs.QPInit{Type: verbs.QPTypeRC, SendCQ: cq, RecvCQ: cq, Cap: verbsCap(1)})
+		assert.ErrorIs(t, err, syscall.EINVAL)
+		assert.ErrorContains(t, err, "ID.Device()")
+
+		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		defer cancel()
+		_, err = id.Event(ctx)
+		assert.ErrorIs(t, err, context.DeadlineExceeded)
+
+		require.NoError(t, id.Close())
+		assert.NoError(t, id.Close(), "twice")
+		assert.ErrorIs(t, id.ResolveRoute(time.Second), rdmacm.ErrClosed)
+		assert.ErrorIs(t, id.Connect(rdmacm.ConnParam{}, nil), rdmacm.ErrClosed)
+		_, err = id.Event(context.Background())
+		assert.ErrorIs(t, err, rdmacm.ErrClosed)
+		assert.Equal(t, netip.AddrPort{}, id.LocalAddr())
+	})
+}
+
+// Connecting where nobody listens ends in REJECTED on RoCE; on iWARP,
+// whose connect opens its TCP stream at once, rdma_connect itself may
+// refuse, or CONNECT_ERROR or REJECTED follows.
+func TestIDConnectWithoutListener(t *testing.T) {
+	forEachDevice(t, func(t *testing.T, d device) {
+		checkNoLeaks(t)
+		ctx := ctxFor(t, 20*time.Second)
+		c, err := rdmacm.NewID(rdmacm.PortSpaceTCP)
+		require.NoError(t, err)
+		defer func() { assert.NoError(t, c.Close()) }()
+		require.NoError(t, c.ResolveAddr(netip.Addr{}, netip.MustParseAddrPort(d.at(port())), 2*time.Second))
+		event(t, ctx, c, rdmacm.EventAddrResolved)
+		require.NoError(t, c.ResolveRoute(2*time.Second))
+		event(t, ctx, c, rdmacm.EventRouteResolved)
+		idQP(t, c)
+		err = c.Connect(rdmacm.ConnParam{RetryCount: 7, RNRRetryCount: 7}, nil)
+		if d.iwarp && err != nil {
+			assert.ErrorIs(t, err, syscall.ECONNREFUSED)
+			var oe *rdmacm.OpError
+			require.True(t, errors.As(err, &oe))
+			assert.Equal(t, "rdma_connect", oe.Op)
+			assert.Equal(t, d.name, oe.Device)
+			return
+		}
+		require.NoError(t, err)
+		ev, err := c.Event(ctx)
+		require.NoError(t, err)
+		if d.iwarp {
+			assert.Contains(t, []rdmacm.EventType{rdmacm.EventRejected, rdmacm.EventConnectError}, ev.Type)
+		} else {
+			assert.Equal(t, rdmacm.EventRejected, ev.Type)
+		}
+	})
+}
+
+// Dial reports each of its steps once through Options.Trace, and Disconnect
+// ends both sides without releasing anything.
+func TestDialTracesItsSteps(t *testing.T) {
+	forEachDevice(t, func(t *testing.T, d device) {
+		checkNoLeaks(t)
+		ctx := ctxFor(t, 20*time.Second)
+		l, addr := listen(t, d, nil)
+		accepted := make(chan *rdmacm.Conn, 1)
+		go func() {
+			c, err := l.Accept(ctx)
+			assert.NoError(t, err)
+			accepted <- c
+		}()
+		var steps []rdmacm.Step
+		o := &rdmacm.Options{Trace: func(s rdmacm.Step, _ time.Time, _ time.Duration) { steps = append(steps, s) }}
+		client, err := rdmacm.Dial(ctx, addr, o)
+		require.NoError(t, err)
+		server := <-accepted
+		require.NotNil(t, server)
+		exchange(t, client, server)
+		assert.Equal(t, []rdmacm.Step{rdmacm.StepCreateID, rdmacm.StepResolveAddr, rdmacm.StepResolveRoute,
+			rdmacm.StepCreateQP, rdmacm.StepConnect}, steps)
+
+		require.NoError(t, client.Disconnect(ctx))
+		assert.Equal(t, rdmacm.StepDisconnect, steps[len(steps)-1])
+		select {
+		case <-client.Done():
+		default:
+			t.Fatal("Done is open after Disconnect returned")
+		}
+		assert.ErrorIs(t, client.Err(), rdmacm.ErrDisconnected)
+		select {
+		case <-server.Done():
+		case <-ctx.Done():
+			t.Fatal("the server never saw the disconnect")
+		}
+		assert.NoError(t, client.Disconnect(ctx), "a second Disconnect")
+		assert.NoError(t, server.Disconnect(ctx), "Disconnect after the peer's")
+		assert.NoError(t, client.Close())
+		assert.NoError(t, server.Close())
+		assert.Equal(t, []rdmacm.Step{rdmacm.StepDisconnect, rdmacm.StepDestroyQP, rdmacm.StepDestroyID}, steps[5:])
+	})
+}
+
+func TestDialBadInput(t *testing.T) {
+	ctx := ctxFor(t, 5*time.Second)
+	_, err := rdmacm.Dial(ctx, "nowhere", nil)
+	assert.ErrorContains(t, err, "nowhere")
+	_, err = rdmacm.Dial(ctx, "10.0.0.1:1", &rdmacm.Options{PrivateData: make([]byte, 1000)})
+	assert.ErrorIs(t, err, rdmacm.ErrPrivateDataTooLong)
+}
