@@ -18,7 +18,7 @@ GO_MIN := $(shell awk '$$1 == "go" { v = $$2; if (v ~ /^[0-9]+\.[0-9]+$$/) v = v
 INTEGRATION_PKGS = $(shell grep -rl --include='*_test.go' '^//go:build.*\bintegration\b' . | xargs -r -n1 dirname | sort -u)
 TESTBED_PKGS = $(shell grep -rl --include='*_test.go' '^//go:build.*\btestbed\b' . | xargs -r -n1 dirname | sort -u)
 
-.PHONY: all deps test unit lint gomod mingo integration testbed prepare demo bench examples shell clean
+.PHONY: all deps test unit lint gomod api mingo integration testbed prepare demo bench examples shell clean
 
 all: test
 
@@ -40,11 +40,19 @@ lint: deps gomod
 	go vet -tags testbed ./...
 	go run $(STATICCHECK) ./...
 	go run $(STATICCHECK) -tags integration ./...
+	@$(MAKE) --no-print-directory api
 
 # go.mod and go.sum are what go mod tidy makes them.
 gomod:
 	@echo "== go.mod and go.sum tidy"
 	go mod tidy -diff
+
+# One API everywhere: each public package exports the same API with cgo, without
+# cgo and on darwin, never mentioning unsafe or cgo's types, and every package,
+# example and test builds and vets in each (internal/cmd/apicheck).
+api: deps
+	@echo "== one API with and without cgo, on linux and darwin"
+	go run ./internal/cmd/apicheck
 
 # The oldest toolchain go.mod allows still builds everything and passes the
 # host unit tests (no race detector: this is about the language and library).
