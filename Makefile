@@ -9,12 +9,16 @@ SHELL := /bin/bash
 export RDMAGO_TESTBED_CACHE ?= $(CURDIR)/.cache/testbed
 RDMAVM := $(CURDIR)/bin/rdmavm
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
+# The oldest Go that go.mod's go line allows (go 1.24 or 1.24.0 is toolchain
+# go1.24.0): mingo builds and tests with exactly that toolchain, which the go
+# command fetches through the module proxy.
+GO_MIN := $(shell awk '$$1 == "go" { v = $$2; if (v ~ /^[0-9]+\.[0-9]+$$/) v = v ".0"; print v }' go.mod)
 # Packages with tests for inside a guest (integration) and tests that boot
 # guests from the host (testbed): only those pay for a boot.
 INTEGRATION_PKGS = $(shell grep -rl --include='*_test.go' '^//go:build.*\bintegration\b' . | xargs -r -n1 dirname | sort -u)
 TESTBED_PKGS = $(shell grep -rl --include='*_test.go' '^//go:build.*\btestbed\b' . | xargs -r -n1 dirname | sort -u)
 
-.PHONY: all deps test unit lint integration testbed prepare demo bench examples shell clean
+.PHONY: all deps test unit lint gomod api mingo integration testbed prepare demo bench examples shell clean
 
 all: test
 
@@ -28,7 +32,7 @@ FORCE:
 
 test: unit integration testbed
 
-lint: deps
+lint: deps gomod
 	@echo "== lint: gofmt, go vet, staticcheck"
 	@unformatted=$$(gofmt -l .); if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
 	go vet ./...
@@ -36,8 +40,30 @@ lint: deps
 	go vet -tags testbed ./...
 	go run $(STATICCHECK) ./...
 	go run $(STATICCHECK) -tags integration ./...
+	@$(MAKE) --no-print-directory api
 
-unit: lint
+# go.mod and go.sum are what go mod tidy makes them.
+gomod:
+	@echo "== go.mod and go.sum tidy"
+	go mod tidy -diff
+
+# One API everywhere: each public package exports the same API with cgo, without
+# cgo and on darwin, never mentioning unsafe or cgo's types, and every package,
+# example and test builds and vets in each (internal/cmd/apicheck).
+api: deps
+	@echo "== one API with and without cgo, on linux and darwin"
+	go run ./internal/cmd/apicheck
+
+# The oldest toolchain go.mod allows still builds everything and passes the
+# host unit tests (no race detector: this is about the language and library).
+mingo: deps
+	@echo "== the oldest Go go.mod allows, go$(GO_MIN): build, vet, host unit tests"
+	GOTOOLCHAIN=go$(GO_MIN) go build ./...
+	GOTOOLCHAIN=go$(GO_MIN) go vet -tags integration ./...
+	GOTOOLCHAIN=go$(GO_MIN) go vet -tags testbed ./...
+	GOTOOLCHAIN=go$(GO_MIN) CGO_ENABLED=1 go test -count=1 ./...
+
+unit: lint mingo
 	@echo "== unit tests on the host (race detector; pure Go also without cgo)"
 	go test -race -count=1 ./...
 	CGO_ENABLED=0 go test -count=1 ./verbs/...
