@@ -243,7 +243,7 @@ func (e *endpoint) connect(ctx context.Context) (*Conn, error) {
 		return nil, err
 	}
 	e.connecting = false
-	peerData, peerMTU, _ := decodePrivateData(ev.PrivateData, o.RawPrivateData)
+	peerData, peerMTU := receivedData(ev.PrivateData, o.RawPrivateData, e.iwarp)
 	switch ev.Type {
 	case EventEstablished:
 		o.trace(StepConnect, start)

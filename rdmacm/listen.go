@@ -105,7 +105,11 @@ func (l *Listener) onEvent(ev *event) {
 	if ev.Type != EventConnectRequest || ev.child == nil {
 		return // DEVICE_REMOVAL or ADDR_CHANGE on a bound listener: requests simply stop
 	}
-	data, mtu, _ := decodePrivateData(ev.PrivateData, l.opts.RawPrivateData)
+	iwarp := false
+	if dev, err := ev.child.device(); err == nil {
+		iwarp = dev.Info.Transport == verbs.TransportIWARP
+	}
+	data, mtu := receivedData(ev.PrivateData, l.opts.RawPrivateData, iwarp)
 	r := &ConnRequest{Param: ev.Param, PrivateData: data, Local: ev.child.localAddr(), Remote: ev.child.peerAddr(),
 		Device: ev.child.deviceName(), Port: ev.child.portNum(), peerMTU: mtu, id: ev.child, l: l}
 	select {

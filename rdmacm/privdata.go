@@ -232,6 +232,22 @@ func decodePrivateData(b []byte, raw bool) (data []byte, mtu verbs.MTU, framed b
 	return b[headerLen : headerLen+n], m, true
 }
 
+// receivedData is what a receiver reports of private data b: decoded
+// unless raw, and nothing at all for a field without a header that holds
+// only zeros on InfiniBand or RoCE. The IB CM pads every message's field
+// to its full size, so that is what arrives from a peer that sent nothing
+// (C programs such as rping, ucmatose, udaddy and cmtime send none); a
+// peer whose own format puts zeros there is talked to with
+// Options.RawPrivateData, which reports the field as it arrived. On iWARP
+// the length is exact and the data is taken as it is.
+func receivedData(b []byte, raw, iwarp bool) (data []byte, mtu verbs.MTU) {
+	data, mtu, framed := decodePrivateData(b, raw)
+	if !framed && !raw && !iwarp && allZero(data) {
+		return nil, 0
+	}
+	return data, mtu
+}
+
 // allZero reports whether b holds nothing but zeros (or nothing).
 func allZero(b []byte) bool {
 	for _, x := range b {
@@ -258,12 +274,7 @@ func rejectData(b []byte, rej *RejectedError, iwarp, raw bool) ([]byte, Refusal)
 		// The IB CM rejected by itself: its REJ carries no private data.
 		return nil, RefusalNone
 	}
-	data, _, framed := decodePrivateData(b, raw)
-	if !framed && !raw && !iwarp && allZero(data) {
-		// No header and only padding: the listener sent nothing. (A
-		// raw dialer asked for the field as it arrived.)
-		return nil, RefusalNone
-	}
+	data, _ := receivedData(b, raw, iwarp)
 	return data, RefusalNone
 }
 

@@ -152,6 +152,31 @@ func TestRefusalRoundTrip(t *testing.T) {
 	}
 }
 
+// A receiver reports what the peer sent: the IB CM's padding alone, from a
+// peer that sent nothing, is nothing.
+func TestReceivedData(t *testing.T) {
+	hello := encodePrivateData(false, verbs.MTU1024, []byte("hello"))
+	for _, tc := range []struct {
+		name       string
+		b          []byte
+		raw, iwarp bool
+		want       []byte
+		wantMTU    verbs.MTU
+	}{
+		{"framed, padded", append(hello, make([]byte, 20)...), false, false, []byte("hello"), verbs.MTU1024},
+		{"framed, iWARP", hello, false, true, []byte("hello"), verbs.MTU1024},
+		{"nothing sent, RoCE", make([]byte, MaxConnectDataTCP), false, false, nil, 0},
+		{"nothing sent, RoCE, raw", make([]byte, MaxConnectDataTCP), true, false, make([]byte, MaxConnectDataTCP), 0},
+		{"zeros sent, iWARP", make([]byte, 8), false, true, make([]byte, 8), 0},
+		{"nothing sent, iWARP", nil, false, true, nil, 0},
+		{"C peer's data", []byte("busy\x00\x00"), false, false, []byte("busy\x00\x00"), 0},
+	} {
+		got, mtu := receivedData(tc.b, tc.raw, tc.iwarp)
+		assert.Equal(t, tc.want, got, tc.name)
+		assert.Equal(t, tc.wantMTU, mtu, tc.name)
+	}
+}
+
 // What a dialer reports of a reject's private data: exactly what the peer
 // application sent, and nothing else.
 func TestRejectData(t *testing.T) {
