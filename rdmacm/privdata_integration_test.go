@@ -3,9 +3,12 @@
 package rdmacm_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
+	"os/exec"
 	"testing"
 	"time"
 
@@ -13,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rdmago/rdmago/rdmacm"
+	"github.com/rdmago/rdmago/test/testbed"
 	"github.com/rdmago/rdmago/verbs"
 )
 
@@ -390,5 +394,63 @@ func TestRejectsWithoutDataClaimNone(t *testing.T) {
 				}
 			})
 		}
+	})
+}
+
+// rdmago's header is on by default and talking to C programs needs no
+// option: C ucmatose, which sends no private data and reads none, connects
+// both ways, and rdmago sees no data from it (on RoCE the IB CM's padding
+// used to show as 56 or 196 bytes).
+func TestDefaultOptionsTalkToCUcmatose(t *testing.T) {
+	forEachDevice(t, func(t *testing.T, d device) {
+		ucmatose := func(t *testing.T, ctx context.Context, args ...string) (wait func() string) {
+			cmd := exec.CommandContext(ctx, "ucmatose", append(args, "-C", "0", "-c", "1")...)
+			var out bytes.Buffer
+			cmd.Stdout, cmd.Stderr = &out, &out
+			require.NoError(t, cmd.Start())
+			done := make(chan error, 1)
+			go func() { done <- cmd.Wait() }()
+			t.Cleanup(func() {
+				cmd.Process.Kill()
+				<-done
+			})
+			return func() string {
+				t.Helper()
+				select {
+				case err := <-done:
+					done <- err
+					require.NoError(t, err, "ucmatose %v:\n%s", args, out.String())
+				case <-ctx.Done():
+					t.Fatalf("ucmatose %v did not end:\n%s", args, out.String())
+				}
+				return out.String()
+			}
+		}
+		t.Run("C server", func(t *testing.T) {
+			checkNoLeaks(t)
+			ctx := ctxFor(t, 30*time.Second)
+			ap := netip.MustParseAddrPort(d.at(port()))
+			wait := ucmatose(t, ctx, "-b", ap.Addr().String(), "-p", fmt.Sprint(ap.Port()))
+			require.NoError(t, testbed.WaitListening(ctx, ap))
+			c, err := rdmacm.Dial(ctx, ap.String(), &rdmacm.Options{PrivateData: []byte("hello")})
+			require.NoError(t, err)
+			assert.Empty(t, c.PeerPrivateData(), "ucmatose accepts without data")
+			require.NoError(t, c.Close())
+			wait()
+		})
+		t.Run("C client", func(t *testing.T) {
+			checkNoLeaks(t)
+			ctx := ctxFor(t, 30*time.Second)
+			l, addr := listen(t, d, nil)
+			ap := netip.MustParseAddrPort(addr)
+			wait := ucmatose(t, ctx, "-s", ap.Addr().String(), "-p", fmt.Sprint(ap.Port()))
+			r, err := l.Request(ctx)
+			require.NoError(t, err)
+			assert.Empty(t, r.PrivateData, "ucmatose connects without data")
+			c, err := r.Accept(ctx, []byte("hello"))
+			require.NoError(t, err)
+			require.NoError(t, c.Close()) // ucmatose's client waits for the server to disconnect
+			wait()
+		})
 	})
 }
