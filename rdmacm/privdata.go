@@ -39,10 +39,10 @@ const (
 // reject on PS_UDP is a SIDR REP with status REJECT. A reject carries less
 // than an accept: 148 bytes, not 196.
 //
-// iWARP carries private data in MPA frames. Its length is 8 bits from
-// librdmacm (rdma_reject, struct rdma_conn_param) through the kernel
-// (struct rdma_ucm_conn_param, struct iw_cm_conn_param) to the provider, so
-// at most 255 bytes. MPA version 2, which siw and the iWARP adapters speak,
+// iWARP carries private data in MPA frames. Its length is 8 bits in
+// librdmacm (rdma_reject, struct rdma_conn_param), in the kernel's rdma_cm
+// (struct rdma_ucm_conn_param, struct rdma_conn_param) and in the events
+// iw_cm hands up (struct iw_cm_event), so at most 255 bytes. MPA version 2, which siw and the iWARP adapters speak,
 // puts 4 bytes of IRD and ORD (struct mpa_v2_data) in front of them, and
 // siw adds those 4 in an 8-bit length too (drivers/infiniband/sw/siw/
 // siw_cm.c, siw_send_mpareqrep): with more than 251 bytes the frame
