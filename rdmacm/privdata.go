@@ -42,11 +42,12 @@ const (
 // iWARP carries private data in MPA frames. Its length is 8 bits in
 // librdmacm (rdma_reject, struct rdma_conn_param), in the kernel's rdma_cm
 // (struct rdma_ucm_conn_param, struct rdma_conn_param) and in the events
-// iw_cm hands up (struct iw_cm_event), so at most 255 bytes. MPA version 2, which siw and the iWARP adapters speak,
-// puts 4 bytes of IRD and ORD (struct mpa_v2_data) in front of them, and
-// siw adds those 4 in an 8-bit length too (drivers/infiniband/sw/siw/
-// siw_cm.c, siw_send_mpareqrep): with more than 251 bytes the frame
-// announces a wrapped length, and the peer drops the connection.
+// iw_cm hands up (struct iw_cm_event), so at most 255 bytes. MPA version 2,
+// which siw and the iWARP adapters speak, puts 4 bytes of IRD and ORD
+// (struct mpa_v2_data) in front of them, and siw adds those 4 in an 8-bit
+// length too (drivers/infiniband/sw/siw/siw_cm.c, siw_send_mpareqrep):
+// with more than 251 bytes the frame announces a wrapped length, and the
+// peer drops the connection.
 const (
 	MaxConnectDataTCP = 56  // InfiniBand and RoCE, PS_TCP: REQ (92 less rdma_cm's 36-byte header)
 	MaxAcceptDataTCP  = 196 // InfiniBand and RoCE, PS_TCP: REP
