@@ -38,7 +38,9 @@ func newConnector(address string, opts *Options) (*connector, error) {
 		return nil, err
 	}
 	ps := o.portSpace()
-	if _, err := encodePrivateData(ps, msgConnect, o.RawPrivateData, 0, o.PrivateData); err != nil {
+	// Data that no transport's connect request carries is refused now;
+	// the device's own limit is checked once the address is resolved.
+	if err := checkPrivateData(cmUnknown, ps, msgConnect, o.RawPrivateData, o.PrivateData); err != nil {
 		return nil, &OpError{Op: "dial", Local: addrPort(o.Source), Remote: dst, Err: err}
 	}
 	start := time.Now()
@@ -164,17 +166,23 @@ func (c *connector) Close() error {
 // connect is Dial's last step: the request, the answer and, in
 // ModeManual, the QP's moves and the RTU.
 func (e *endpoint) connect(ctx context.Context) (*Conn, error) {
-	o := e.o
 	if err := e.issueConnect(); err != nil {
 		return nil, err
 	}
+	return e.answer(ctx)
+}
+
+// answer waits for the peer's answer to the connect request, and in
+// ModeManual moves the QP and sends the RTU.
+func (e *endpoint) answer(ctx context.Context) (*Conn, error) {
+	o := e.o
 	start := e.issuedAt
 	ev, err := e.await(ctx, "connect", o.ConnectTimeout)
 	if err != nil {
 		return nil, err
 	}
 	e.connecting = false
-	peerData, peerMTU := decodePrivateData(ev.PrivateData, o.RawPrivateData)
+	peerData, peerMTU := receivedData(ev.PrivateData, o.RawPrivateData, e.iwarp)
 	switch ev.Type {
 	case EventEstablished:
 		o.trace(StepConnect, start)
@@ -202,14 +210,12 @@ func (e *endpoint) connect(ctx context.Context) (*Conn, error) {
 		o.trace(StepEstablish, start)
 		return e.conn(peerData, o.Mode), nil
 	case EventRejected:
-		oe := e.failEvent("connect", nil, ev)
-		rej := &RejectedError{Status: ev.Status, PrivateData: peerData}
-		if why := decodeRefusal(ev.PrivateData); why != RefusalNone && !o.RawPrivateData {
-			rej.Refusal, rej.PrivateData, oe.Hint = why, nil, why.hint()
-		}
-		oe.Err = rej
-		return nil, oe
+		return nil, e.rejected(ev)
 	case EventUnreachable:
+		if ev.UD && ev.Status == sidrReject {
+			// PS_UDP: the listener rejected (its SIDR REP said so).
+			return nil, e.rejected(ev)
+		}
 		return nil, e.failEvent("connect", ErrUnreachable, ev)
 	case EventConnectError:
 		return nil, e.failEvent("connect", ErrConnect, ev)
@@ -219,9 +225,37 @@ func (e *endpoint) connect(ctx context.Context) (*Conn, error) {
 	return nil, e.failEvent("connect", ErrConnect, ev)
 }
 
+// rejected is the dialer's error for a reject: a *RejectedError carrying
+// exactly the private data the peer application sent (see rejectData).
+func (e *endpoint) rejected(ev *Event) *OpError {
+	oe := e.failEvent("connect", nil, ev)
+	rej := &RejectedError{Status: ev.Status, ud: ev.UD}
+	rej.PrivateData, rej.Refusal = rejectData(ev.PrivateData, rej, e.iwarp, e.o.RawPrivateData)
+	oe.Err = rej
+	switch {
+	case rej.Refusal != RefusalNone:
+		oe.Hint = rej.Refusal.hint()
+	case ev.UD:
+		oe.Hint = rej.meaning() // not UNREACHABLE's
+	}
+	return oe
+}
+
 // issueConnect runs BeforeConnect and sends the connect request with
-// Options.PrivateData.
+// Options.PrivateData, once it is known to fit the device's transport.
 func (e *endpoint) issueConnect() error {
+	o := e.o
+	if pe := checkPrivateData(e.cm(), e.id.ps, msgConnect, o.RawPrivateData, o.PrivateData); pe != nil {
+		oe := e.fail("connect", nil, pe)
+		oe.Hint = "nothing was sent: dial with less Options.PrivateData"
+		return oe
+	}
+	return e.sendConnect(o.PrivateData)
+}
+
+// sendConnect runs BeforeConnect and sends the connect request with
+// privateData, which must fit.
+func (e *endpoint) sendConnect(privateData []byte) error {
 	o := e.o
 	var p ConnParam
 	if err := e.rdAtomic(&p, nil); err != nil {
@@ -231,10 +265,7 @@ func (e *endpoint) issueConnect() error {
 	if o.Mode == ModeManual {
 		p.QPNum = e.res.qp.QPN
 	}
-	data, err := encodePrivateData(e.id.ps, msgConnect, o.RawPrivateData, e.localMTU(), o.PrivateData)
-	if err != nil {
-		return e.fail("connect", nil, err)
-	}
+	data := encodePrivateData(o.RawPrivateData, e.localMTU(), privateData)
 	if err := e.beforeConnect(); err != nil {
 		return err
 	}

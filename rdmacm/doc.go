@@ -53,12 +53,48 @@
 //
 // # Private data
 //
-// rdmago frames private data with a 4-byte header (length, and the active
-// MTU), because a receiver may see the field padded to its full size. User
-// data is therefore limited to 52 bytes in a PS_TCP connect request and
-// 192 in an accept or reject (176 and 132 on PS_UDP); longer data is refused
-// before anything is sent. RawPrivateData turns the header off for peers
-// that are not rdmago.
+// A connect request, an accept and a reject each carry a little private
+// data, as much as the message allows on the transport (bytes on the wire;
+// the constants MaxConnectDataTCP and the others, whose kernel sources
+// privdata.go cites):
+//
+//	                   connect  accept  reject
+//	IB/RoCE, PS_TCP         56     196     148
+//	IB/RoCE, PS_UDP (UD)   180     136     136
+//	iWARP                  251     251     251
+//
+// A reject carries less than an accept on InfiniBand and RoCE. Longer data
+// is refused before anything is sent, with a *PrivateDataError
+// (ErrPrivateDataTooLong) that names the message, the transport, the limit
+// and what rdmago's header took of it: a dial's once address resolution has
+// found the device (Dial refuses at once what no transport carries), an
+// Accept's or Reject's at once. A refused Accept or Reject leaves the
+// request pending, to be accepted or rejected again. What the peer receives
+// is what was sent, and nothing else: a dialer's RejectedError carries no
+// private data when the CM, or the listener, rejected by itself.
+//
+// rdmago frames private data with a 4-byte header (magic, version, length,
+// the sender's active MTU), which takes 4 bytes of each limit (52, 192 and
+// 144 on PS_TCP, 176, 132 and 132 on PS_UDP, 247 on iWARP). It is on by
+// default, for three reasons. InfiniBand and RoCE pad the field with zeros
+// to the message's full size, so without a length a receiver cannot tell 5
+// bytes sent from the 56, 196 or 148 that arrive, and a program would see
+// other data on RoCE than on iWARP, whose lengths are exact; with it, what
+// arrives is exactly what was sent, on every transport. ModeManual needs the
+// peer's active MTU to agree on a path MTU. And a listener that refuses a
+// request by itself (a full backlog, a closing listener) says why in it,
+// which is how a dialer learns ErrBacklogFull.
+//
+// The header does not get in the way of C peers, so talking to them needs
+// no option. rdma-core's tools (rping, ucmatose, udaddy, cmtime) never read
+// the private data they receive and send none; data that arrives without a
+// valid header is passed on whole, and a field of zeros alone, the IB CM's
+// padding of a message that carried nothing, as no data. C ucmatose
+// connects both ways with the default options, and the examples' interop
+// tests with rping, udaddy and cmtime pass with the header on as well as
+// off. RawPrivateData turns it off, for a peer that reads private data in a format of its own (the header
+// would be the first 4 bytes it sees) or to use every byte of a message; a
+// raw receiver gets the field as it arrived, padding included.
 //
 // # iWARP
 //

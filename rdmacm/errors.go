@@ -25,7 +25,8 @@ var (
 	ErrAddrChanged   = errors.New("local address changed")
 	// ErrTimeout: a step got no answer within its timeout.
 	ErrTimeout = errors.New("timed out")
-	// ErrPrivateDataTooLong: refused before anything was sent.
+	// ErrPrivateDataTooLong: private data that does not fit its CM message
+	// (see PrivateDataError), refused before anything was sent.
 	ErrPrivateDataTooLong = errors.New("private data too long")
 	// ErrManualOnIWARP: the manual mode cannot work on iWARP devices.
 	ErrManualOnIWARP = errors.New("manual QP transitions are not possible on iWARP")
@@ -133,13 +134,21 @@ type RejectedError struct {
 	// Status is the CM's reason: on InfiniBand and RoCE an IB CM reject
 	// reason (8: no listener on that port; 28: the application rejected),
 	// on iWARP a negative errno (-111: nobody listens, the TCP connection
-	// was refused; -104: the peer rejected the MPA request).
+	// was refused; -104: the peer rejected the MPA request), on PS_UDP
+	// (UD) a SIDR REP status (2: the peer rejected).
 	Status int
-	// PrivateData is what the peer passed to Reject (without rdmago's header).
+	// PrivateData is what the peer application passed to Reject, without
+	// rdmago's header: exactly what it sent, and empty when the CM or the
+	// listener rejected by itself. From a peer that frames no header (a C
+	// program, or with Options.RawPrivateData) it arrives as the transport
+	// delivers it: on InfiniBand and RoCE padded with zeros to the
+	// message's size.
 	PrivateData []byte
 	// Refusal is set when an rdmago listener refused the request by itself,
 	// before its application saw it.
 	Refusal Refusal
+
+	ud bool // a PS_UDP (SIDR) reject, whose statuses are not the REJ's
 }
 
 // Refusal is why an rdmago listener refused a connect request without its
@@ -185,13 +194,26 @@ func (e *RejectedError) Error() string {
 	if e.Refusal != RefusalNone {
 		return s + " (" + e.Refusal.String() + ")"
 	}
-	if m := rejectMeaning(e.Status); m != "" {
+	if m := e.meaning(); m != "" {
 		s += " (" + m + ")"
 	}
-	if len(e.PrivateData) > 0 {
+	// Zeros alone are the padding of a reject without data, as a raw
+	// dialer sees it on InfiniBand and RoCE: nothing anyone sent.
+	if !allZero(e.PrivateData) {
 		s += fmt.Sprintf(", %d bytes of private data", len(e.PrivateData))
 	}
 	return s
+}
+
+// meaning says what Status means.
+func (e *RejectedError) meaning() string {
+	if e.ud {
+		if e.Status == sidrReject {
+			return "UD: the peer rejected the service ID request"
+		}
+		return ""
+	}
+	return rejectMeaning(e.Status)
 }
 
 // Is makes errors.Is(err, ErrRejected) true, and errors.Is(err,
@@ -203,15 +225,22 @@ func (e *RejectedError) Is(target error) bool {
 // ConsumerReject reports whether the peer application (or its CM) refused
 // the request, as opposed to no one listening.
 func (e *RejectedError) ConsumerReject() bool {
+	if e.ud {
+		return e.Status == sidrReject
+	}
 	return e.Status == rejectConsumer || e.Status == rejectIWARPMPA
 }
 
 const (
-	rejectNoListener = 8  // IB_CM_REJ_INVALID_SERVICE_ID
-	rejectStale      = 10 // IB_CM_REJ_STALE_CONN
-	rejectConsumer   = 28 // IB_CM_REJ_CONSUMER_DEFINED
-	rejectIWARP      = -int(syscall.ECONNREFUSED)
-	rejectIWARPMPA   = -int(syscall.ECONNRESET)
+	rejectNoListener   = 8  // IB_CM_REJ_INVALID_SERVICE_ID
+	rejectStale        = 10 // IB_CM_REJ_STALE_CONN
+	rejectConsumer     = 28 // IB_CM_REJ_CONSUMER_DEFINED
+	rejectVendorOption = 35 // IB_CM_REJ_VENDOR_OPTION_NOT_SUPPORTED: rdma_reject_ece, with the application's data
+	// sidrReject is the SIDR REP status of a PS_UDP reject (IB_SIDR_REJECT),
+	// which reaches the dialer as UNREACHABLE with that status.
+	sidrReject     = 2
+	rejectIWARP    = -int(syscall.ECONNREFUSED)
+	rejectIWARPMPA = -int(syscall.ECONNRESET)
 )
 
 func rejectMeaning(status int) string {

@@ -62,13 +62,15 @@ func TestOversizePrivateDataRefusedBeforeTheWire(t *testing.T) {
 	require.ErrorIs(t, err, rdmacm.ErrPrivateDataTooLong)
 	assert.Contains(t, err.Error(), "at most 56")
 
-	// Accept with too much: refused locally, and the dialer is rejected.
+	// Accept with too much: refused locally, and the request is still
+	// pending, for the application to reject.
 	l, addr := listen(t, d, nil)
 	go func() {
 		r, err := l.Request(ctx)
 		if assert.NoError(t, err) {
 			_, err = r.Accept(ctx, make([]byte, 193))
 			assert.ErrorIs(t, err, rdmacm.ErrPrivateDataTooLong)
+			assert.NoError(t, r.Reject(nil))
 		}
 	}()
 	_, err = rdmacm.Dial(ctx, addr, nil)

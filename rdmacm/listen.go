@@ -3,6 +3,7 @@ package rdmacm
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/netip"
 	"sync"
 	"sync/atomic"
@@ -70,14 +71,26 @@ func Listen(address string, opts *Options) (*Listener, error) {
 		return fail(oe)
 	}
 	l := &Listener{opts: o, id: id, addr: id.LocalAddr(), reqs: make(chan *ConnRequest, o.Backlog), closed: make(chan struct{})}
+	cm := cmUnknown
 	if e.id.DeviceName() != "" {
 		// Bound to one device: refuse now what it cannot do.
-		if dev, err := id.Device(); err == nil && dev.Info.Transport == verbs.TransportIWARP {
-			e.iwarp = true
-			if err := e.checkMode(); err != nil {
-				return fail(err)
+		if dev, err := id.Device(); err == nil {
+			cm = cmKindOf(dev.Info.Transport)
+			if dev.Info.Transport == verbs.TransportIWARP {
+				e.iwarp = true
+				if err := e.checkMode(); err != nil {
+					return fail(err)
+				}
 			}
 		}
+	}
+	// Accept sends Options.PrivateData: refuse now what fits no accept (on
+	// a wildcard address, what fits no transport's; each request's own is
+	// checked as it is accepted).
+	if err := checkPrivateData(cm, o.portSpace(), msgAccept, o.RawPrivateData, o.PrivateData); err != nil {
+		oe := e.fail("listen", nil, err)
+		oe.Hint = "Options.PrivateData is what Listener.Accept sends with every accept: shorten it"
+		return fail(oe)
 	}
 	id.setHandler(l.onEvent)
 	return l, nil
@@ -90,7 +103,11 @@ func (l *Listener) onEvent(ev *Event) {
 	if ev.Type != EventConnectRequest || ev.ID == nil {
 		return // DEVICE_REMOVAL or ADDR_CHANGE on a bound listener: requests simply stop
 	}
-	data, mtu := decodePrivateData(ev.PrivateData, l.opts.RawPrivateData)
+	iwarp := false
+	if dev, err := ev.ID.Device(); err == nil {
+		iwarp = dev.Info.Transport == verbs.TransportIWARP
+	}
+	data, mtu := receivedData(ev.PrivateData, l.opts.RawPrivateData, iwarp)
 	r := &ConnRequest{Param: ev.Param, PrivateData: data, Local: ev.ID.LocalAddr(), Remote: ev.ID.RemoteAddr(),
 		Device: ev.ID.DeviceName(), Port: ev.ID.Port(), peerMTU: mtu, id: ev.ID, l: l}
 	select {
@@ -119,13 +136,23 @@ func (l *Listener) Request(ctx context.Context) (*ConnRequest, error) {
 
 // Accept waits for the next connect request and accepts it with the
 // listener's Options.PrivateData. A request that fails during the
-// handshake is returned as an error; the listener keeps listening.
+// handshake is returned as an error (and rejected, if it was not); the
+// listener keeps listening.
 func (l *Listener) Accept(ctx context.Context) (*Conn, error) {
 	r, err := l.Request(ctx)
 	if err != nil {
 		return nil, err
 	}
-	return r.Accept(ctx, l.opts.PrivateData)
+	c, err := r.Accept(ctx, l.opts.PrivateData)
+	var oe *OpError
+	if errors.Is(err, ErrPrivateDataTooLong) && errors.As(err, &oe) {
+		// Options.PrivateData fits some transport but not this request's,
+		// and the caller never saw the request: answer it.
+		r.Reject(nil)
+		oe.Hint = "the request was rejected: Options.PrivateData is what Listener.Accept sends, and it must fit every transport " +
+			"the listener takes requests on (shorten it, or take requests with Request and accept each with data that fits)"
+	}
+	return c, err
 }
 
 // Close stops listening and refuses requests not yet accepted.
@@ -164,23 +191,51 @@ type ConnRequest struct {
 
 func (r *ConnRequest) claim() bool { return r.used.CompareAndSwap(false, true) }
 
-// Reject refuses the request, sending privateData with the reject (at most
-// 192 bytes on PS_TCP). The dialer's error is a *RejectedError with status
-// 28 and this data (iWARP: status -104, the MPA reject).
+// Reject refuses the request, sending privateData with the reject: at most
+// 144 bytes on InfiniBand and RoCE (a REJ carries 148, less rdmago's
+// header), 247 on iWARP, 132 on PS_UDP; 4 more with
+// Options.RawPrivateData. The dialer's error is a *RejectedError with this
+// data (status 28; iWARP: -104, the MPA reject; PS_UDP: 2, the SIDR
+// reject). Longer data is refused with a *PrivateDataError before anything
+// is sent, and the request stays pending: Reject it again with less, or
+// Accept it.
 func (r *ConnRequest) Reject(privateData []byte) error {
+	if r.used.Load() {
+		return r.closedError("reject")
+	}
+	if err := r.checkData("reject", msgReject, privateData); err != nil {
+		return err
+	}
 	if !r.claim() {
-		return &OpError{Op: "reject", Local: r.Local, Remote: r.Remote, Err: ErrClosed}
+		return r.closedError("reject")
 	}
 	defer r.id.Close()
-	data, err := encodePrivateData(r.id.ps, msgReject, r.l.opts.RawPrivateData, 0, privateData)
-	if err != nil {
-		r.id.Reject(nil)
-		return &OpError{Op: "reject", Local: r.Local, Remote: r.Remote, Device: r.Device, Err: cause(err)}
-	}
-	if err := r.id.Reject(data); err != nil {
-		return &OpError{Op: "reject", Local: r.Local, Remote: r.Remote, Device: r.Device, Err: cause(err)}
+	if err := r.id.Reject(encodePrivateData(r.l.opts.RawPrivateData, 0, privateData)); err != nil {
+		return &OpError{Op: "reject", Local: r.Local, Remote: r.Remote, Device: r.Device, Port: r.Port, Err: cause(err)}
 	}
 	return nil
+}
+
+func (r *ConnRequest) closedError(op string) error {
+	return &OpError{Op: op, Local: r.Local, Remote: r.Remote, Err: ErrClosed}
+}
+
+// checkData refuses privateData that does not fit message k of this
+// request's transport and port space. Nothing is sent: the request stays
+// pending.
+func (r *ConnRequest) checkData(op string, k messageKind, privateData []byte) error {
+	cm := cmIB // the smaller limits, should the device be unknown
+	if dev, err := r.id.Device(); err == nil {
+		cm = cmKindOf(dev.Info.Transport)
+	}
+	pe := checkPrivateData(cm, r.id.ps, k, r.l.opts.RawPrivateData, privateData)
+	if pe == nil {
+		return nil
+	}
+	raw := r.l.opts.RawPrivateData
+	return &OpError{Op: op, Local: r.Local, Remote: r.Remote, Device: r.Device, Port: r.Port, Err: pe,
+		Hint: fmt.Sprintf("nothing was sent and the request is still pending: Accept it with at most %d bytes of private data, or Reject it with at most %d",
+			privateDataLimit(cm, r.id.ps, msgAccept, raw), privateDataLimit(cm, r.id.ps, msgReject, raw))}
 }
 
 // refuse rejects the request on the listener's own account. The dialer's
@@ -197,12 +252,23 @@ func (r *ConnRequest) refuse(why Refusal) {
 	r.id.Reject(data) // nothing to do if it fails: the dialer times out
 }
 
-// Accept accepts the request with privateData (at most 192 bytes on
-// PS_TCP) and waits for the connection to be established (RC; UD needs no
-// third message). On failure the request's resources are released.
+// Accept accepts the request with privateData and waits for the
+// connection to be established (RC; UD needs no third message). At most
+// 192 bytes of private data fit on InfiniBand and RoCE (a REP carries 196,
+// less rdmago's header), 247 on iWARP, 132 on PS_UDP; 4 more with
+// Options.RawPrivateData. Longer data is refused with a *PrivateDataError
+// before anything is sent, and the request stays pending: Accept it again
+// with less, or Reject it. On any other failure the request is rejected
+// and its resources are released.
 func (r *ConnRequest) Accept(ctx context.Context, privateData []byte) (*Conn, error) {
+	if r.used.Load() {
+		return nil, r.closedError("accept")
+	}
+	if err := r.checkData("accept", msgAccept, privateData); err != nil {
+		return nil, err
+	}
 	if !r.claim() {
-		return nil, &OpError{Op: "accept", Local: r.Local, Remote: r.Remote, Err: ErrClosed}
+		return nil, r.closedError("accept")
 	}
 	o := r.l.opts
 	e := &endpoint{op: "accept", o: &o, id: r.id, local: r.Local, remote: r.Remote}
@@ -216,10 +282,9 @@ func (r *ConnRequest) Accept(ctx context.Context, privateData []byte) (*Conn, er
 
 func (e *endpoint) accept(ctx context.Context, r *ConnRequest, privateData []byte) (*Conn, error) {
 	o := e.o
-	if _, err := encodePrivateData(e.id.ps, msgAccept, o.RawPrivateData, 0, privateData); err != nil {
-		e.id.Reject(nil)
-		return nil, e.fail("accept", nil, err)
-	}
+	// ConnRequest.Accept has checked privateData's length, so that a
+	// refusal leaves the request pending.
+
 	// The dialer may have given up while the request waited.
 	if ev := e.id.poll(); ev != nil {
 		return nil, e.failEvent("accept", peerGone(ev.Type), ev)
@@ -261,7 +326,7 @@ func (e *endpoint) accept(ctx context.Context, r *ConnRequest, privateData []byt
 		e.id.Reject(nil)
 		return nil, err
 	}
-	data, _ := encodePrivateData(e.id.ps, msgAccept, o.RawPrivateData, e.localMTU(), privateData)
+	data := encodePrivateData(o.RawPrivateData, e.localMTU(), privateData)
 	start := time.Now()
 	if err := e.id.connectOrAccept(true, p, data); err != nil {
 		return nil, e.fail("accept", ErrConnect, err)

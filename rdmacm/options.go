@@ -110,12 +110,16 @@ type Options struct {
 	ResolveRetries int
 
 	// PrivateData is sent with the connect request (Dial) or the accept
-	// (Listener.Accept). rdmago frames it with a 4-byte header, which is
-	// why at most 52 bytes fit in a PS_TCP connect request (56 on the wire)
-	// and 192 in an accept or reject.
+	// (Listener.Accept). How much fits depends on the message and the
+	// transport (see the package documentation): rdmago frames it with a
+	// 4-byte header, which leaves 52 bytes in a connect request on
+	// InfiniBand and RoCE (56 on the wire), 192 in an accept, and 247 in
+	// either on iWARP.
 	PrivateData []byte
 	// RawPrivateData sends and receives private data without that header,
-	// for peers that are not rdmago (the receiver may then see padding).
+	// for peers that read private data in a format of their own. A
+	// receiver then gets the field as it arrives: on InfiniBand and RoCE
+	// padded with zeros to the message's size.
 	RawPrivateData bool
 
 	// Backlog bounds connect requests waiting for Request or Accept

@@ -3,6 +3,7 @@ package rdmacm
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"net/netip"
 	"syscall"
 	"testing"
@@ -14,70 +15,121 @@ import (
 	"github.com/rdmago/rdmago/verbs"
 )
 
+// The limits the kernel enforces (see privdata.go for the sources; the
+// integration tests check each against the kernel on rxe and siw).
 func TestPrivateDataLimits(t *testing.T) {
 	for _, tc := range []struct {
-		ps   PortSpace
-		kind messageKind
-		raw  bool
-		want int
+		cm        cmKind
+		ps        PortSpace
+		kind      messageKind
+		wire      int
+		wireWords string // what the error says of the message
 	}{
-		{PortSpaceTCP, msgConnect, true, 56}, {PortSpaceTCP, msgAccept, true, 196}, {PortSpaceTCP, msgReject, true, 196},
-		{PortSpaceUDP, msgConnect, true, 180}, {PortSpaceUDP, msgAccept, true, 136},
-		{PortSpaceTCP, msgConnect, false, 52}, {PortSpaceTCP, msgAccept, false, 192}, {PortSpaceUDP, msgConnect, false, 176},
+		{cmIB, PortSpaceTCP, msgConnect, 56, "IB CM REQ carries 92, of which rdma_cm's address header takes 36"},
+		{cmIB, PortSpaceTCP, msgAccept, 196, "IB CM REP carries 196"},
+		{cmIB, PortSpaceTCP, msgReject, 148, "IB CM REJ carries 148"},
+		{cmIB, PortSpaceUDP, msgConnect, 180, "IB CM SIDR REQ carries 216, of which rdma_cm's address header takes 36"},
+		{cmIB, PortSpaceUDP, msgAccept, 136, "IB CM SIDR REP carries 136"},
+		{cmIB, PortSpaceUDP, msgReject, 136, "SIDR REP (status REJECT) carries 136"},
+		{cmIWARP, PortSpaceTCP, msgConnect, 251, "MPA request carries 251"},
+		{cmIWARP, PortSpaceTCP, msgAccept, 251, "MPA reply carries 251"},
+		{cmIWARP, PortSpaceTCP, msgReject, 251, "MPA reject carries 251"},
+		// Before address resolution: the most any transport carries.
+		{cmUnknown, PortSpaceTCP, msgConnect, 251, "no transport carries more than iWARP's 251 (InfiniBand and RoCE: 56)"},
+		{cmUnknown, PortSpaceTCP, msgAccept, 251, "InfiniBand and RoCE: 196"},
+		{cmUnknown, PortSpaceUDP, msgConnect, 180, "SIDR REQ carries 216"}, // no UD on iWARP
 	} {
-		assert.Equal(t, tc.want, privateDataLimit(tc.ps, tc.kind, tc.raw), "%v %v raw=%v", tc.ps, tc.kind, tc.raw)
-		_, err := encodePrivateData(tc.ps, tc.kind, tc.raw, 0, make([]byte, tc.want))
-		assert.NoError(t, err)
-		_, err = encodePrivateData(tc.ps, tc.kind, tc.raw, 0, make([]byte, tc.want+1))
-		assert.ErrorIs(t, err, ErrPrivateDataTooLong)
+		for _, raw := range []bool{true, false} {
+			name := fmt.Sprintf("%v %v %v raw=%v", tc.cm, tc.ps, tc.kind, raw)
+			want := tc.wire
+			if !raw {
+				want -= headerLen
+			}
+			assert.Equal(t, want, privateDataLimit(tc.cm, tc.ps, tc.kind, raw), name)
+			assert.Nil(t, checkPrivateData(tc.cm, tc.ps, tc.kind, raw, make([]byte, want)), name)
+			pe := checkPrivateData(tc.cm, tc.ps, tc.kind, raw, make([]byte, want+1))
+			if !assert.NotNil(t, pe, name) {
+				continue
+			}
+			var err error = pe
+			assert.ErrorIs(t, err, ErrPrivateDataTooLong, name)
+			transport := tc.cm.String()
+			if tc.cm == cmUnknown && tc.ps == PortSpaceUDP {
+				transport = "InfiniBand/RoCE" // the only one with UD
+			}
+			assert.Equal(t, PrivateDataError{Message: tc.kind.String(), Transport: transport, PortSpace: tc.ps,
+				Len: want + 1, Limit: want, Header: tc.wire - want, why: pe.why}, *pe, name)
+			msg := pe.Error()
+			for _, w := range []string{fmt.Sprintf("%d bytes of %v private data, at most %d fit on %v (%v)", want+1, tc.kind, want, transport, tc.ps),
+				tc.wireWords} {
+				assert.Contains(t, msg, w, name)
+			}
+			if raw {
+				assert.NotContains(t, msg, "rdmago's", name)
+			} else {
+				assert.Contains(t, msg, "less rdmago's 4-byte header (Options.RawPrivateData leaves it out)", name)
+			}
+		}
 	}
+	// The exported constants are the table's.
+	assert.Equal(t, []int{56, 196, 148, 180, 136, 136, 251}, []int{MaxConnectDataTCP, MaxAcceptDataTCP, MaxRejectDataTCP,
+		MaxConnectDataUDP, MaxAcceptDataUDP, MaxRejectDataUDP, MaxPrivateDataIWARP})
+	// Every limit fits librdmacm's 8-bit lengths, header included.
+	for _, n := range []int{MaxConnectDataTCP, MaxAcceptDataTCP, MaxRejectDataTCP, MaxConnectDataUDP, MaxAcceptDataUDP,
+		MaxRejectDataUDP, MaxPrivateDataIWARP} {
+		assert.LessOrEqual(t, n, 255)
+	}
+	assert.Equal(t, cmIWARP, cmKindOf(verbs.TransportIWARP))
+	assert.Equal(t, cmIB, cmKindOf(verbs.TransportIB))
+	assert.Equal(t, cmIB, cmKindOf(verbs.TransportUSNIC), "unknown transports get the smaller limits")
 }
 
 func TestPrivateDataRoundTrip(t *testing.T) {
 	data := []byte("who goes there")
-	wire, err := encodePrivateData(PortSpaceTCP, msgConnect, false, verbs.MTU4096, data)
-	require.NoError(t, err)
+	wire := encodePrivateData(false, verbs.MTU4096, data)
 	// The receiver sees the field padded to its full size.
 	padded := append(wire, make([]byte, MaxConnectDataTCP-len(wire))...)
-	got, mtu := decodePrivateData(padded, false)
+	got, mtu, framed := decodePrivateData(padded, false)
 	assert.Equal(t, data, got)
 	assert.Equal(t, verbs.MTU4096, mtu)
+	assert.True(t, framed)
 
-	empty, err := encodePrivateData(PortSpaceTCP, msgAccept, false, verbs.MTU1024, nil)
-	require.NoError(t, err)
-	got, mtu = decodePrivateData(append(empty, 0, 0, 0), false)
+	got, mtu, framed = decodePrivateData(append(encodePrivateData(false, verbs.MTU1024, nil), 0, 0, 0), false)
 	assert.Empty(t, got)
 	assert.Equal(t, verbs.MTU1024, mtu)
+	assert.True(t, framed)
 
 	// A peer that is not rdmago: its bytes come through whole.
-	foreign := []byte{1, 2, 3, 4, 5, 6}
-	got, mtu = decodePrivateData(foreign, false)
-	assert.Equal(t, foreign, got)
-	assert.Zero(t, mtu)
-	// A header whose length exceeds what arrived is not ours either.
-	bogus := []byte{headerMagic, headerVersion, 200, 3, 9}
-	got, _ = decodePrivateData(bogus, false)
-	assert.Equal(t, bogus, got)
+	for _, foreign := range [][]byte{
+		{1, 2, 3, 4, 5, 6},
+		{headerMagic, headerVersion, 200, 3, 9},      // a length past what arrived
+		{headerMagic, headerVersion, 1, 3, 'x', 'y'}, // something other than padding after the data
+		{headerMagic, headerVersion, 1, 9, 'x'},      // no MTU has code 9
+	} {
+		got, mtu, framed = decodePrivateData(foreign, false)
+		assert.Equal(t, foreign, got)
+		assert.Zero(t, mtu)
+		assert.False(t, framed)
+	}
 	// Raw mode never strips.
-	got, _ = decodePrivateData(padded, true)
+	got, _, framed = decodePrivateData(padded, true)
 	assert.Equal(t, padded, got)
+	assert.False(t, framed)
+	assert.Equal(t, data, encodePrivateData(true, verbs.MTU4096, data), "raw mode sends the data as it is")
 }
 
 func FuzzDecodePrivateData(f *testing.F) {
 	f.Add([]byte{headerMagic, headerVersion, 2, 3, 'h', 'i'})
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, b []byte) {
-		data, mtu := decodePrivateData(b, false)
-		if len(data) > len(b) || (mtu != 0 && !mtu.Valid()) {
-			t.Fatalf("decode(%x) = %x, %v", b, data, mtu)
+		data, mtu, framed := decodePrivateData(b, false)
+		if len(data) > len(b) || (mtu != 0 && !mtu.Valid()) || (!framed && !bytes.Equal(data, b)) {
+			t.Fatalf("decode(%x) = %x, %v, %v", b, data, mtu, framed)
 		}
-		if len(data) <= privateDataLimit(PortSpaceTCP, msgAccept, false) {
-			wire, err := encodePrivateData(PortSpaceTCP, msgAccept, false, verbs.MTU2048, data)
-			if err != nil {
-				t.Fatal(err)
-			}
-			again, m := decodePrivateData(wire, false)
-			if !bytes.Equal(again, data) || m != verbs.MTU2048 {
+		if len(data) <= privateDataLimit(cmIWARP, PortSpaceTCP, msgAccept, false) {
+			wire := encodePrivateData(false, verbs.MTU2048, data)
+			again, m, framed := decodePrivateData(wire, false)
+			if !bytes.Equal(again, data) || m != verbs.MTU2048 || !framed {
 				t.Fatalf("round trip of %x gave %x, %v", data, again, m)
 			}
 		}
@@ -87,17 +139,97 @@ func FuzzDecodePrivateData(f *testing.F) {
 func TestRefusalRoundTrip(t *testing.T) {
 	for _, why := range []Refusal{RefusalBacklogFull, RefusalListenerClosed} {
 		wire := encodeRefusal(why)
-		assert.LessOrEqual(t, len(wire), privateDataLimit(PortSpaceUDP, msgReject, true), "fits every reject")
+		assert.LessOrEqual(t, len(wire), privateDataLimit(cmIB, PortSpaceUDP, msgReject, true), "fits every reject")
 		padded := append(wire, make([]byte, 144)...) // as an IB CM REJ arrives
 		assert.Equal(t, why, decodeRefusal(padded))
 	}
 	// An application's reject, a C peer's data, or a refusal this version
 	// does not know, is no refusal.
-	appReject, err := encodePrivateData(PortSpaceTCP, msgReject, false, 0, []byte{byte(RefusalBacklogFull)})
-	require.NoError(t, err)
-	for _, b := range [][]byte{appReject, nil, []byte("busy"), {headerMagic, refusalVersion, 99, 0}, {headerMagic, refusalVersion}} {
+	appReject := encodePrivateData(false, 0, []byte{byte(RefusalBacklogFull)})
+	for _, b := range [][]byte{appReject, nil, []byte("busy"), {headerMagic, refusalVersion, 99, 0}, {headerMagic, refusalVersion},
+		{headerMagic, refusalVersion, byte(RefusalBacklogFull), 0, 'x'}} {
 		assert.Equal(t, RefusalNone, decodeRefusal(b), "%x", b)
 	}
+}
+
+// A receiver reports what the peer sent: the IB CM's padding alone, from a
+// peer that sent nothing, is nothing.
+func TestReceivedData(t *testing.T) {
+	hello := encodePrivateData(false, verbs.MTU1024, []byte("hello"))
+	for _, tc := range []struct {
+		name       string
+		b          []byte
+		raw, iwarp bool
+		want       []byte
+		wantMTU    verbs.MTU
+	}{
+		{"framed, padded", append(hello, make([]byte, 20)...), false, false, []byte("hello"), verbs.MTU1024},
+		{"framed, iWARP", hello, false, true, []byte("hello"), verbs.MTU1024},
+		{"nothing sent, RoCE", make([]byte, MaxConnectDataTCP), false, false, nil, 0},
+		{"nothing sent, RoCE, raw", make([]byte, MaxConnectDataTCP), true, false, make([]byte, MaxConnectDataTCP), 0},
+		{"zeros sent, iWARP", make([]byte, 8), false, true, make([]byte, 8), 0},
+		{"nothing sent, iWARP", nil, false, true, nil, 0},
+		{"C peer's data", []byte("busy\x00\x00"), false, false, []byte("busy\x00\x00"), 0},
+	} {
+		got, mtu := receivedData(tc.b, tc.raw, tc.iwarp)
+		assert.Equal(t, tc.want, got, tc.name)
+		assert.Equal(t, tc.wantMTU, mtu, tc.name)
+	}
+}
+
+// What a dialer reports of a reject's private data: exactly what the peer
+// application sent, and nothing else.
+func TestRejectData(t *testing.T) {
+	pad := func(b []byte, n int) []byte { return append(append([]byte(nil), b...), make([]byte, n-len(b))...) }
+	app := []byte("server full, try 10.0.0.9")
+	framed := encodePrivateData(false, 0, app)
+	consumer := &RejectedError{Status: rejectConsumer}
+	for _, tc := range []struct {
+		name        string
+		b           []byte
+		rej         *RejectedError
+		iwarp, raw  bool
+		want        []byte
+		wantRefusal Refusal
+	}{
+		{"framed reject, RoCE", pad(framed, MaxRejectDataTCP), consumer, false, false, app, RefusalNone},
+		{"framed reject, iWARP", framed, &RejectedError{Status: rejectIWARPMPA}, true, false, app, RefusalNone},
+		{"framed reject, UD", pad(framed, MaxRejectDataUDP), &RejectedError{Status: sidrReject, ud: true}, false, false, app, RefusalNone},
+		{"framed empty reject", pad(encodePrivateData(false, 0, nil), MaxRejectDataTCP), consumer, false, false, []byte{}, RefusalNone},
+		// The IB CM's own reject (no listener): 148 bytes of padding.
+		{"no listener", make([]byte, MaxRejectDataTCP), &RejectedError{Status: rejectNoListener}, false, false, nil, RefusalNone},
+		{"no listener, raw dialer", make([]byte, MaxRejectDataTCP), &RejectedError{Status: rejectNoListener}, false, true, nil, RefusalNone},
+		// A listener that rejected without data (a failed accept, the
+		// kernel's reject after a failed rdma_accept).
+		{"reject without data", make([]byte, MaxRejectDataTCP), consumer, false, false, nil, RefusalNone},
+		{"UD reject without data", make([]byte, MaxRejectDataUDP), &RejectedError{Status: sidrReject, ud: true}, false, false, nil, RefusalNone},
+		{"iWARP reject without data", nil, &RejectedError{Status: rejectIWARPMPA}, true, false, nil, RefusalNone},
+		// A raw dialer gets the field as it arrived.
+		{"raw dialer", pad(app, MaxRejectDataTCP), consumer, false, true, pad(app, MaxRejectDataTCP), RefusalNone},
+		{"C peer's data", pad([]byte("busy"), MaxRejectDataTCP), consumer, false, false, pad([]byte("busy"), MaxRejectDataTCP), RefusalNone},
+		// An rdmago listener's own refusal, raw dialer or not.
+		{"refusal", pad(encodeRefusal(RefusalBacklogFull), MaxRejectDataTCP), consumer, false, false, nil, RefusalBacklogFull},
+		{"refusal, raw dialer", pad(encodeRefusal(RefusalBacklogFull), MaxRejectDataTCP), consumer, false, true, nil, RefusalBacklogFull},
+		{"refusal, iWARP", encodeRefusal(RefusalListenerClosed), &RejectedError{Status: rejectIWARPMPA}, true, false, nil, RefusalListenerClosed},
+	} {
+		data, why := rejectData(tc.b, tc.rej, tc.iwarp, tc.raw)
+		assert.Equal(t, tc.want, data, tc.name)
+		assert.Equal(t, tc.wantRefusal, why, tc.name)
+	}
+}
+
+func TestRejectedErrorText(t *testing.T) {
+	// A raw dialer's padded reject without data claims no private data.
+	e := &RejectedError{Status: rejectConsumer, PrivateData: make([]byte, MaxRejectDataTCP)}
+	assert.Equal(t, "rejected with status 28 (the peer application rejected the request)", e.Error())
+	e.PrivateData = []byte("no")
+	assert.Equal(t, "rejected with status 28 (the peer application rejected the request), 2 bytes of private data", e.Error())
+	e = &RejectedError{Status: rejectNoListener}
+	assert.Equal(t, "rejected with status 8 (no listener on that address and port)", e.Error())
+	e = &RejectedError{Status: sidrReject, ud: true}
+	assert.Equal(t, "rejected with status 2 (UD: the peer rejected the service ID request)", e.Error())
+	assert.True(t, e.ConsumerReject())
+	assert.False(t, (&RejectedError{Status: sidrReject}).ConsumerReject(), "status 2 of a REJ is no consumer reject")
 }
 
 func TestOptionsDefaultsAndChecks(t *testing.T) {

@@ -396,6 +396,14 @@ func (e *endpoint) needsPort() bool {
 	return !e.iwarp && (o.Mode == ModeManual || !o.RawPrivateData || o.QPType == verbs.QPTypeUD)
 }
 
+// cm is the connection manager of the id's device, once it has one.
+func (e *endpoint) cm() cmKind {
+	if e.res.dev == nil {
+		return cmUnknown
+	}
+	return cmKindOf(e.res.dev.Info.Transport)
+}
+
 // localMTU is what this side tells the peer in the private data header.
 func (e *endpoint) localMTU() verbs.MTU {
 	if e.iwarp {
