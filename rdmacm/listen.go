@@ -261,6 +261,16 @@ func (r *ConnRequest) refuse(why Refusal) {
 // with less, or Reject it. On any other failure the request is rejected
 // and its resources are released.
 func (r *ConnRequest) Accept(ctx context.Context, privateData []byte) (*Conn, error) {
+	return r.AcceptWith(ctx, privateData, nil)
+}
+
+// AcceptWith is Accept that first runs setup on the connection, once its QP
+// exists and before the accept goes out (after Options.BeforeConnect):
+// register memory and post receives there, so that the peer's first SEND
+// finds one (on iWARP a SEND that finds none ends the connection). What
+// setup makes stays with the code that accepted, in its own variables; an
+// error from setup rejects the request and releases the memory registered.
+func (r *ConnRequest) AcceptWith(ctx context.Context, privateData []byte, setup func(*Conn) error) (*Conn, error) {
 	if r.used.Load() {
 		return nil, r.closedError("accept")
 	}
@@ -271,6 +281,17 @@ func (r *ConnRequest) Accept(ctx context.Context, privateData []byte) (*Conn, er
 		return nil, r.closedError("accept")
 	}
 	o := r.l.opts
+	if setup != nil {
+		listenerSetup := o.BeforeConnect
+		o.BeforeConnect = func(c *Conn) error {
+			if listenerSetup != nil {
+				if err := listenerSetup(c); err != nil {
+					return err
+				}
+			}
+			return setup(c)
+		}
+	}
 	e := &endpoint{op: "accept", o: &o, id: r.id, local: r.Local, remote: r.Remote}
 	c, err := e.accept(ctx, r, privateData)
 	if err != nil {
