@@ -88,4 +88,3 @@ func ask(ctx context.Context, addr, msg string) (string, error) {
 }
 
 // README end
-
