@@ -86,6 +86,12 @@ type Conn struct {
 	doneOnce sync.Once
 	err      error // why done closed; set before
 
+	// endCtx is cancelled when done closes: waits that the end must
+	// interrupt run under it. Made on the first wait.
+	endMu     sync.Mutex
+	endCtx    context.Context
+	endCancel context.CancelFunc
+
 	closeOnce sync.Once
 	closeErr  error
 
@@ -98,10 +104,16 @@ type Conn struct {
 	disconnectSent     time.Time
 	disconnecting      atomic.Bool // this side sent a disconnect: the peer's answer needs none
 
+	// sendMu is held by a helper waiting for its send completion, recvMu
+	// by Recv: one waiter per CQ. Close takes both, and mrMu, before it
+	// releases the objects, once the end has woken the waiters.
 	sendMu sync.Mutex
 	recvMu sync.Mutex
 	wrID   atomic.Uint64
 	mrMu   sync.Mutex // guards res.mrs and res.ahs
+	// released: Close released the verbs objects. Written with sendMu,
+	// recvMu and mrMu held: any one of them guards a read.
+	released bool
 }
 
 // kindName is the kind of RDMA, with the RoCE version.
@@ -164,14 +176,23 @@ func (c *Conn) PeerPrivateData() []byte { return c.peerData }
 // Peer is the UD endpoint the dialing side resolved (UD only).
 func (c *Conn) Peer() UDPeer { return c.peer }
 
-// Done is closed when the connection ends: the peer disconnected, the
-// device went away, the local address moved, or Disconnect or Close was
-// called. Err then says which.
+// Done is closed when the connection ends: the peer disconnected (or its
+// process exited), the device went away, the local address moved, or
+// Disconnect or Close was called. Err then says which.
+//
+// From then on every call that uses the connection (Send, Recv, PostRecv,
+// Write, Read, SendTo, ReplyTo, RegisterMemory) fails at once, and one
+// waiting when it ends returns at once, with an error that matches
+// ErrEnded and wraps Err. Recv first returns the completions already
+// there: messages that arrived before the end, then the receives the end
+// flushed (see Recv). Disconnect and StartDisconnect return nil, as there
+// is nothing left to end; Close is still needed to release the
+// connection.
 func (c *Conn) Done() <-chan struct{} { return c.done }
 
-// Err is nil while the connection is up, then the reason it ended
-// (errors.Is with ErrDisconnected, ErrDeviceRemoved, ErrAddrChanged or
-// ErrClosed).
+// Err is nil while the connection is up, then the reason it ended. It
+// matches ErrEnded, and the reason: errors.Is with ErrDisconnected,
+// ErrDeviceRemoved, ErrAddrChanged or ErrClosed.
 func (c *Conn) Err() error {
 	select {
 	case <-c.done:
@@ -183,9 +204,11 @@ func (c *Conn) Err() error {
 
 // end records why the connection ended, once, and flushes the QP: work
 // requests still posted complete with WR_FLUSH_ERR instead of hanging.
+// It wakes the calls waiting on the connection.
 func (c *Conn) end(kind error, ev *event) {
 	c.doneOnce.Do(func() {
-		e := c.opError("connection", kind, nil)
+		e := c.opError(opConnection, ErrEnded, kind)
+		e.Hint = endHint(kind, c.disconnecting.Load())
 		if ev != nil {
 			e.Event, e.Status = ev.Type.String(), ev.Status
 		}
@@ -194,7 +217,88 @@ func (c *Conn) end(kind error, ev *event) {
 			c.QP.Modify(&verbs.QPAttr{State: verbs.QPStateErr}, verbs.AttrState)
 		}
 		close(c.done)
+		c.endMu.Lock()
+		if c.endCancel != nil {
+			c.endCancel()
+		}
+		c.endMu.Unlock()
 	})
+}
+
+// endHint says what ended the connection, by the kind of end and whether
+// this side had sent a disconnect.
+func endHint(kind error, disconnecting bool) string {
+	switch {
+	case kind == ErrDisconnected && disconnecting:
+		return "this side disconnected (Disconnect, StartDisconnect or Close)"
+	case kind == ErrDisconnected:
+		return "the peer disconnected or closed the connection, or its process exited; Close this side to release it"
+	case kind == ErrDeviceRemoved:
+		return "the RDMA device went away (driver unloaded, rdma link delete); Close the connection"
+	case kind == ErrAddrChanged:
+		return "the local address moved to another device or went away; Close the connection and dial again"
+	case kind == ErrClosed:
+		return "this side ended it: Disconnect, StartDisconnect or Close was called"
+	}
+	return ""
+}
+
+// ended reports whether the connection has ended.
+func (c *Conn) ended() bool {
+	select {
+	case <-c.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// endedError is op's error on a connection that has ended: Err, which
+// says why and matches ErrEnded, in op's place.
+func (c *Conn) endedError(op string) error {
+	return c.opError(op, nil, c.err)
+}
+
+// endContext is a context that the end of the connection cancels.
+func (c *Conn) endContext() context.Context {
+	c.endMu.Lock()
+	defer c.endMu.Unlock()
+	if c.endCtx == nil {
+		c.endCtx, c.endCancel = context.WithCancel(context.Background())
+		if c.ended() {
+			c.endCancel()
+		}
+	}
+	return c.endCtx
+}
+
+// pollWait polls cq into wcs and waits, if it is empty, until a completion
+// arrives, ctx ends or the connection ends. A wait the end interrupts
+// polls once more, for a completion that came with it, and otherwise
+// fails with the ended error. The caller holds the CQ's lock (sendMu or
+// recvMu) and has checked released.
+func (c *Conn) pollWait(ctx context.Context, op string, cq *verbs.CQ, wcs []verbs.WorkCompletion) (int, error) {
+	var n int
+	var err error
+	if ctx.Done() == nil {
+		n, err = cq.PollWait(c.endContext(), wcs) // nothing to merge
+	} else {
+		wctx, cancel := context.WithCancel(ctx)
+		stop := context.AfterFunc(c.endContext(), cancel)
+		n, err = cq.PollWait(wctx, wcs)
+		stop()
+		cancel()
+	}
+	if err == nil {
+		return n, nil
+	}
+	if ctx.Err() == nil && c.ended() {
+		if n, _ := cq.Poll(wcs); n > 0 {
+			return n, nil
+		}
+		return 0, c.endedError(op)
+	}
+	return 0, c.opError(op, nil, err)
 }
 
 // onEvent handles the events of an established connection. ESTABLISHED
@@ -312,7 +416,9 @@ func (c *Conn) disconnect(ctx context.Context) error {
 // Close disconnects (see Disconnect), and releases the QP, MRs made with
 // RegisterMemory, CQs, PD and the CM id, in that order. A disconnect that
 // gets no answer within CloseTimeout does not stop the release; Close
-// reports only what releasing the objects reported.
+// reports only what releasing the objects reported. Calls waiting on the
+// connection in other goroutines return (with ErrEnded) before anything
+// is released.
 func (c *Conn) Close() error {
 	c.closeOnce.Do(func() {
 		c.Disconnect(context.Background())
@@ -320,10 +426,17 @@ func (c *Conn) Close() error {
 			c.id.leaveMulticast(c.group)
 		}
 		c.end(ErrClosed, nil)
-		start := time.Now()
+		// The end woke the helpers' waits: once they have let go of
+		// the CQs, nothing polls them while they are destroyed.
+		c.sendMu.Lock()
+		c.recvMu.Lock()
 		c.mrMu.Lock()
+		c.released = true
+		start := time.Now()
 		c.closeErr = c.res.close()
 		c.mrMu.Unlock()
+		c.recvMu.Unlock()
+		c.sendMu.Unlock()
 		c.opts.trace(StepDestroyQP, start)
 		if c.id != nil {
 			start := time.Now()
@@ -335,14 +448,18 @@ func (c *Conn) Close() error {
 }
 
 // RegisterMemory registers size bytes of memory outside the Go heap for the
-// connection's PD; Close releases it.
+// connection's PD; Close releases it. A receive (PostRecv) or an RDMA READ
+// (Read) into it needs verbs.AccessLocalWrite.
 func (c *Conn) RegisterMemory(size int, access verbs.AccessFlags) (*verbs.MR, error) {
+	c.mrMu.Lock()
+	defer c.mrMu.Unlock()
+	if c.ended() {
+		return nil, c.endedError("register memory")
+	}
 	mr, err := c.PD.RegisterMemory(size, access)
 	if err != nil {
 		return nil, err
 	}
-	c.mrMu.Lock()
-	defer c.mrMu.Unlock()
 	c.res.mrs = append(c.res.mrs, mr)
 	return mr, nil
 }
@@ -356,19 +473,36 @@ func RemoteBufferOf(mr *verbs.MR, off, n int) RemoteBuffer {
 // before the peer sends: a SEND without a posted receive waits for one
 // (RNR) and fails after the RNR retries.
 func (c *Conn) PostRecv(mr *verbs.MR, off, n int) error {
-	return c.QP.PostRecv(verbs.RecvWR{ID: c.wrID.Add(1), SGEs: []verbs.SGE{mr.SGE(off, n)}})
+	if c.ended() {
+		return c.endedError("post receive")
+	}
+	err := c.QP.PostRecv(verbs.RecvWR{ID: c.wrID.Add(1), SGEs: []verbs.SGE{mr.SGE(off, n)}})
+	if err != nil && c.ended() {
+		return c.endedError("post receive")
+	}
+	return err
 }
 
-// Recv waits for the next receive completion.
+// Recv waits for the next receive completion. Once the connection has
+// ended it returns the completions still queued, then fails at once with
+// ErrEnded.
 func (c *Conn) Recv(ctx context.Context) (verbs.WorkCompletion, error) {
 	if c.opts.RecvCQ != nil {
 		return verbs.WorkCompletion{}, c.sharedCQError("receive", "RecvCQ")
 	}
 	c.recvMu.Lock()
 	defer c.recvMu.Unlock()
+	if c.released {
+		return verbs.WorkCompletion{}, c.endedError("receive")
+	}
 	var wc [1]verbs.WorkCompletion
-	if _, err := c.RecvCQ.PollWait(ctx, wc[:]); err != nil {
-		return verbs.WorkCompletion{}, c.opError("receive", nil, err)
+	if c.ended() {
+		// What arrived before the end, and the flushed receives.
+		if n, _ := c.RecvCQ.Poll(wc[:]); n == 0 {
+			return verbs.WorkCompletion{}, c.endedError("receive")
+		}
+	} else if _, err := c.pollWait(ctx, "receive", c.RecvCQ, wc[:]); err != nil {
+		return verbs.WorkCompletion{}, err
 	}
 	if wc[0].Status != verbs.WCSuccess {
 		return wc[0], c.completionError("receive", wc[0])
@@ -413,6 +547,11 @@ func (c *Conn) SendTo(ctx context.Context, mr *verbs.MR, off, n int, peer UDPeer
 // mr at off the receive buffer, whose first verbs.GRHSize bytes hold the
 // GRH. The address handle is released with the Conn.
 func (c *Conn) ReplyTo(wc verbs.WorkCompletion, mr *verbs.MR, off int) (UDPeer, error) {
+	c.mrMu.Lock()
+	defer c.mrMu.Unlock()
+	if c.ended() {
+		return UDPeer{}, c.endedError("address the sender")
+	}
 	attr, err := c.PD.AHAttrFromWC(c.path.Port, wc, mr.Bytes()[off:off+verbs.GRHSize])
 	if err != nil {
 		return UDPeer{}, c.opError("address the sender", nil, err)
@@ -421,9 +560,7 @@ func (c *Conn) ReplyTo(wc verbs.WorkCompletion, mr *verbs.MR, off int) (UDPeer, 
 	if err != nil {
 		return UDPeer{}, c.opError("address the sender", nil, err)
 	}
-	c.mrMu.Lock()
 	c.res.ahs = append(c.res.ahs, ah)
-	c.mrMu.Unlock()
 	return UDPeer{AH: ah, QPN: wc.SrcQP, QKey: udpQKey}, nil
 }
 
@@ -435,16 +572,28 @@ func (c *Conn) post(ctx context.Context, op string, wr verbs.SendWR) error {
 	}
 	c.sendMu.Lock()
 	defer c.sendMu.Unlock()
+	if c.released || c.ended() {
+		return c.endedError(op)
+	}
 	wr.ID = c.wrID.Add(1)
 	wr.Flags |= verbs.SendSignaled
 	if err := c.QP.PostSend(wr); err != nil {
-		return c.opError(op, c.Err(), err)
+		if c.ended() {
+			return c.endedError(op)
+		}
+		return c.opError(op, nil, err)
 	}
 	var wcs [4]verbs.WorkCompletion
 	for {
-		n, err := c.SendCQ.PollWait(ctx, wcs[:])
-		if err != nil {
-			return c.opError(op, nil, err)
+		var n int
+		var err error
+		if c.ended() {
+			// Ours may be among the completions the end flushed.
+			if n, _ = c.SendCQ.Poll(wcs[:]); n == 0 {
+				return c.endedError(op)
+			}
+		} else if n, err = c.pollWait(ctx, op, c.SendCQ, wcs[:]); err != nil {
+			return err
 		}
 		for _, wc := range wcs[:n] {
 			if wc.ID != wr.ID {
@@ -472,11 +621,17 @@ func (c *Conn) sharedCQError(op, field string) error {
 type CompletionError struct {
 	Status verbs.WCStatus
 	Vendor uint32
+	// hint, where the connection knows more, replaces the status's own.
+	hint string
 }
 
 func (e *CompletionError) Error() string {
 	s := fmt.Sprintf("completion status %v (vendor error %#x)", e.Status, e.Vendor)
-	if h := e.Status.Hint(); h != "" {
+	h := e.hint
+	if h == "" {
+		h = e.Status.Hint()
+	}
+	if h != "" {
 		s += ": " + h
 	}
 	return s
@@ -486,13 +641,15 @@ func (c *Conn) completionError(op string, wc verbs.WorkCompletion) error {
 	// A flush after the connection ended is that end, not a new failure.
 	// On iWARP the peer's close flushes the QP before DISCONNECTED
 	// arrives: give the event a moment to say so.
+	ce := &CompletionError{Status: wc.Status, Vendor: wc.VendorErr}
 	if wc.Status == verbs.WCWRFlushErr {
 		select {
 		case <-c.done:
+			ce.hint = "the work request was flushed when the connection ended"
 		case <-time.After(flushGrace):
 		}
 	}
-	return c.opError(op, c.Err(), &CompletionError{Status: wc.Status, Vendor: wc.VendorErr})
+	return c.opError(op, c.Err(), ce)
 }
 
 // flushGrace is how long a flushed work request waits for the event that

@@ -23,6 +23,12 @@ var (
 	ErrDisconnected  = errors.New("disconnected")
 	ErrDeviceRemoved = errors.New("RDMA device removed")
 	ErrAddrChanged   = errors.New("local address changed")
+	// ErrEnded: the connection had ended (its Done was closed) when the
+	// call was made, or ended while the call waited. Conn.Err matches it
+	// too, and the error of such a call wraps Err, so that it also
+	// matches the reason: ErrDisconnected, ErrDeviceRemoved,
+	// ErrAddrChanged or ErrClosed.
+	ErrEnded = errors.New("connection ended")
 	// ErrTimeout: a step got no answer within its timeout.
 	ErrTimeout = errors.New("timed out")
 	// ErrPrivateDataTooLong: refused before anything was sent.
