@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/rdmago/rdmago/verbs"
@@ -461,7 +462,40 @@ func (c *Conn) RegisterMemory(size int, access verbs.AccessFlags) (*verbs.MR, er
 		return nil, err
 	}
 	c.res.mrs = append(c.res.mrs, mr)
+	mrAccess.Store(mr, access)
 	return mr, nil
+}
+
+// mrAccess holds the access rights of the MRs that RegisterMemory made,
+// until Close releases them: verbs.MR does not say. With Options.PD one
+// connection's MR may serve another's receives, hence one map for all.
+var mrAccess sync.Map // *verbs.MR -> verbs.AccessFlags
+
+// checkLocal refuses a local buffer that the device would refuse only
+// later, in a failed completion: a range outside mr or, when the device
+// writes into it (a receive, an RDMA READ), memory RegisterMemory
+// registered without local write access. (The rights of memory
+// registered otherwise, say on Options.PD directly, are not known here.)
+func (c *Conn) checkLocal(op string, mr *verbs.MR, off, n int, deviceWrites bool) error {
+	if mr == nil {
+		return c.opError(op, nil, errors.New("the memory region is nil"))
+	}
+	if size := len(mr.Bytes()); off < 0 || n < 0 || off > size || n > size-off {
+		oe := c.opError(op, nil, fmt.Errorf("%d bytes at offset %d do not lie within the %d-byte memory region", n, off, size))
+		oe.Hint = "off and n address the region: 0 <= off and off+n <= its size"
+		return oe
+	}
+	if !deviceWrites || n == 0 {
+		return nil
+	}
+	if a, ok := mrAccess.Load(mr); ok && a.(verbs.AccessFlags)&verbs.AccessLocalWrite == 0 {
+		oe := c.opError(op, nil, fmt.Errorf("the memory region was registered without verbs.AccessLocalWrite (access %v), "+
+			"and the device writes into it", a))
+		oe.Hint = "register it with verbs.AccessLocalWrite; posted anyway, the receive would fail only when a message " +
+			"arrives (on rxe as LOC_QP_OP_ERR, the sender's as REM_OP_ERR; on siw as GENERAL_ERR)"
+		return oe
+	}
+	return nil
 }
 
 // RemoteBufferOf describes n bytes of mr from off, for the peer.
@@ -470,18 +504,58 @@ func RemoteBufferOf(mr *verbs.MR, off, n int) RemoteBuffer {
 }
 
 // PostRecv posts a receive of up to n bytes into mr at off. Post receives
-// before the peer sends: a SEND without a posted receive waits for one
-// (RNR) and fails after the RNR retries.
+// before the peer sends: on RoCE a SEND without a posted receive waits for
+// one (RNR) and fails after the RNR retries; on iWARP it ends the
+// connection.
+//
+// The receive's completion, which Recv returns, names its buffer: its ID
+// is the buffer's address, mr.Addr()+off, so the message is at offset
+// wc.ID-mr.Addr() of mr, wc.ByteLen bytes long (after the GRH on UD).
+// Receives also complete in the order they were posted.
+//
+// A range outside mr, and memory that RegisterMemory registered without
+// verbs.AccessLocalWrite, are refused here rather than failing when a
+// message arrives. The receive queue holds Options.Cap.MaxRecvWR
+// receives: each keeps its slot until Recv takes its completion.
 func (c *Conn) PostRecv(mr *verbs.MR, off, n int) error {
+	const op = "post receive"
 	if c.ended() {
-		return c.endedError("post receive")
+		return c.endedError(op)
 	}
-	err := c.QP.PostRecv(verbs.RecvWR{ID: c.wrID.Add(1), SGEs: []verbs.SGE{mr.SGE(off, n)}})
-	if err != nil && c.ended() {
-		return c.endedError("post receive")
+	if err := c.checkLocal(op, mr, off, n, true); err != nil {
+		return err
 	}
-	return err
+	err := c.QP.PostRecv(verbs.RecvWR{ID: mr.Addr() + uint64(off), SGEs: []verbs.SGE{mr.SGE(off, n)}})
+	switch {
+	case err == nil:
+		return nil
+	case c.ended():
+		return c.endedError(op)
+	case isENOMEM(err):
+		oe := c.opError(op, nil, &explained{"the receive queue is full (ibv_post_recv: ENOMEM)", []error{syscall.ENOMEM, err}})
+		oe.Hint = fmt.Sprintf("a posted receive keeps its slot until Recv takes its completion; the queue holds "+
+			"Options.Cap.MaxRecvWR receives (%d here; the device may round it up): take completions before "+
+			"posting more, or raise it", c.opts.Cap.MaxRecvWR)
+		return oe
+	}
+	return c.opError(op, nil, err)
 }
+
+// isENOMEM reports whether a post failed with ENOMEM, a full queue. Some
+// providers (siw in rdma-core 44) return it negated.
+func isENOMEM(err error) bool {
+	var errno syscall.Errno
+	return errors.As(err, &errno) && (errno == syscall.ENOMEM || int(errno) == -int(syscall.ENOMEM))
+}
+
+// explained is a cause put into words; it still matches what it explains.
+type explained struct {
+	msg  string
+	errs []error
+}
+
+func (e *explained) Error() string   { return e.msg }
+func (e *explained) Unwrap() []error { return e.errs }
 
 // Recv waits for the next receive completion. Once the connection has
 // ended it returns the completions still queued, then fails at once with
@@ -512,6 +586,9 @@ func (c *Conn) Recv(ctx context.Context) (verbs.WorkCompletion, error) {
 
 // Send sends n bytes of mr from off and waits for the completion.
 func (c *Conn) Send(ctx context.Context, mr *verbs.MR, off, n int) error {
+	if err := c.checkLocal("send", mr, off, n, false); err != nil {
+		return err
+	}
 	return c.post(ctx, "send", verbs.SendWR{Opcode: verbs.OpSend, SGEs: []verbs.SGE{mr.SGE(off, n)}})
 }
 
@@ -519,6 +596,9 @@ func (c *Conn) Send(ctx context.Context, mr *verbs.MR, off, n int) error {
 func (c *Conn) Write(ctx context.Context, mr *verbs.MR, off, n int, to RemoteBuffer) error {
 	if uint32(n) > to.Len {
 		return c.opError("RDMA write", nil, fmt.Errorf("%d bytes do not fit the peer's %d-byte buffer", n, to.Len))
+	}
+	if err := c.checkLocal("RDMA write", mr, off, n, false); err != nil {
+		return err
 	}
 	return c.post(ctx, "RDMA write", verbs.SendWR{Opcode: verbs.OpRDMAWrite, SGEs: []verbs.SGE{mr.SGE(off, n)},
 		RemoteAddr: to.Addr, RKey: to.RKey})
@@ -529,6 +609,9 @@ func (c *Conn) Read(ctx context.Context, mr *verbs.MR, off, n int, from RemoteBu
 	if uint32(n) > from.Len {
 		return c.opError("RDMA read", nil, fmt.Errorf("%d bytes exceed the peer's %d-byte buffer", n, from.Len))
 	}
+	if err := c.checkLocal("RDMA read", mr, off, n, true); err != nil {
+		return err
+	}
 	return c.post(ctx, "RDMA read", verbs.SendWR{Opcode: verbs.OpRDMARead, SGEs: []verbs.SGE{mr.SGE(off, n)},
 		RemoteAddr: from.Addr, RKey: from.RKey})
 }
@@ -538,6 +621,9 @@ func (c *Conn) Read(ctx context.Context, mr *verbs.MR, off, n int, from RemoteBu
 func (c *Conn) SendTo(ctx context.Context, mr *verbs.MR, off, n int, peer UDPeer) error {
 	if c.QP.Type != verbs.QPTypeUD {
 		return c.opError("send to", nil, errors.New("SendTo is for UD connections; use Send"))
+	}
+	if err := c.checkLocal("send to", mr, off, n, false); err != nil {
+		return err
 	}
 	return c.post(ctx, "send to", verbs.SendWR{Opcode: verbs.OpSend, SGEs: []verbs.SGE{mr.SGE(off, n)},
 		AH: peer.AH, RemoteQPN: peer.QPN, RemoteQKey: peer.QKey})
@@ -680,6 +766,7 @@ func (r *resources) close() error {
 	}
 	for _, mr := range r.mrs {
 		errs = append(errs, mr.Close())
+		mrAccess.Delete(mr)
 	}
 	if r.scq != nil && !r.sharedSCQ {
 		errs = append(errs, r.scq.Close())
