@@ -579,7 +579,7 @@ func (c *Conn) Recv(ctx context.Context) (verbs.WorkCompletion, error) {
 		return verbs.WorkCompletion{}, err
 	}
 	if wc[0].Status != verbs.WCSuccess {
-		return wc[0], c.completionError("receive", wc[0])
+		return wc[0], c.completionError("receive", wc[0], 0)
 	}
 	return wc[0], nil
 }
@@ -686,7 +686,7 @@ func (c *Conn) post(ctx context.Context, op string, wr verbs.SendWR) error {
 				continue
 			}
 			if wc.Status != verbs.WCSuccess {
-				return c.completionError(op, wc)
+				return c.completionError(op, wc, int(wr.SGEs[0].Length))
 			}
 			return nil
 		}
@@ -723,19 +723,69 @@ func (e *CompletionError) Error() string {
 	return s
 }
 
-func (c *Conn) completionError(op string, wc verbs.WorkCompletion) error {
+// completionError is op's failed completion wc; n is the length of what
+// op sent (0 for a receive).
+func (c *Conn) completionError(op string, wc verbs.WorkCompletion, n int) error {
+	ce := &CompletionError{Status: wc.Status, Vendor: wc.VendorErr, hint: c.completionHint(op, wc.Status, n)}
+	if wc.Status != verbs.WCWRFlushErr {
+		// Its own failure, even if the connection ended since (siw ends
+		// it on a receive that does not fit): the end is not the cause.
+		return c.opError(op, nil, ce)
+	}
 	// A flush after the connection ended is that end, not a new failure.
 	// On iWARP the peer's close flushes the QP before DISCONNECTED
 	// arrives: give the event a moment to say so.
-	ce := &CompletionError{Status: wc.Status, Vendor: wc.VendorErr}
-	if wc.Status == verbs.WCWRFlushErr {
-		select {
-		case <-c.done:
-			ce.hint = "the work request was flushed when the connection ended"
-		case <-time.After(flushGrace):
-		}
+	select {
+	case <-c.done:
+		ce.hint = "the work request was flushed when the connection ended"
+	case <-time.After(flushGrace):
 	}
 	return c.opError(op, c.Err(), ce)
+}
+
+// completionHint says what a failed send or receive usually means where
+// the status alone says little: a message longer than the receive buffer
+// shows as different statuses on each device and side (rxe: REM_OP_ERR
+// at the sender, LOC_QP_OP_ERR at the receiver; siw: LOC_LEN_ERR at the
+// receiver only), and so does a receive buffer without local write access
+// (rxe: the same pair; siw: GENERAL_ERR). n is the length sent.
+func (c *Conn) completionHint(op string, st verbs.WCStatus, n int) string {
+	ud := c.QP.Type == verbs.QPTypeUD
+	switch op {
+	case "receive":
+		switch st {
+		case verbs.WCLocLenErr:
+			if ud {
+				return "the datagram and the GRH before it (verbs.GRHSize bytes) were longer than the receive buffer: " +
+					"post buffers of verbs.GRHSize plus the largest datagram"
+			}
+			return "the peer's message was longer than this receive's buffer (PostRecv's n): " +
+				"post buffers as large as the largest message the peer sends"
+		case verbs.WCLocQPOpErr:
+			return "the incoming message did not fit this receive (as rxe reports it): it was longer than " +
+				"the buffer (PostRecv's n: post buffers as large as the largest message the peer sends), " +
+				"or the buffer's memory lacks verbs.AccessLocalWrite"
+		case verbs.WCGeneralErr:
+			return "the incoming message could not be placed in this receive (as siw reports it): " +
+				"usually the buffer's memory lacks verbs.AccessLocalWrite"
+		}
+	case "send", "send to":
+		switch st {
+		case verbs.WCRemOpErr, verbs.WCRemInvReqErr:
+			return fmt.Sprintf("the peer could not take this %d-byte message: usually it is longer than the "+
+				"receive buffer the peer posted (its PostRecv's n; its Recv fails too, with LOC_QP_OP_ERR or "+
+				"LOC_LEN_ERR), or that buffer's memory lacks verbs.AccessLocalWrite", n)
+		case verbs.WCLocLenErr:
+			if ud {
+				return fmt.Sprintf("a UD datagram must fit the path MTU (%v); this one is %d bytes", c.path.MTU, n)
+			}
+			return fmt.Sprintf("the %d-byte message exceeds the device's maximum message size", n)
+		case verbs.WCLocQPOpErr:
+			return fmt.Sprintf("the device refused this %d-byte request: longer than its maximum message size, "+
+				"or beyond what the QP was created for (Options.Cap)", n)
+		}
+	}
+	return ""
 }
 
 // flushGrace is how long a flushed work request waits for the event that
