@@ -61,6 +61,23 @@ type UDPeer struct {
 // Conn is an established connection: a QP with its CQs and PD, ready for
 // work requests. The QP, CQs and PD are there for direct use with package
 // verbs; Send, Recv, Write and Read cover the simple cases.
+//
+// Every method may be called from several goroutines at once. Send,
+// Write, Read and SendTo post one request and wait for its completion on
+// the send CQ, which one of them at a time does: concurrent calls take
+// turns, each returning when its own request has completed (for requests
+// in flight together, post on QP and poll SendCQ yourself). Recv likewise
+// hands each receive completion to one caller. PostRecv, RegisterMemory
+// and the accessors do not wait, and a sender, a receiver and PostRecv
+// run side by side: the usual server has one goroutine in Recv (posting
+// the next receive) while others Send. Close, from any goroutine, first
+// wakes the calls still waiting (they fail with ErrEnded) and then
+// releases what they used.
+//
+// The helpers own the connection's CQs: while one waits, do not poll the
+// same CQ yourself, or the completions are split between you. Receives
+// you post on QP directly, with IDs of your own, complete through Recv
+// too. Which buffer a receive completion belongs to: see PostRecv.
 type Conn struct {
 	QP     *verbs.QP
 	SendCQ *verbs.CQ
@@ -557,9 +574,12 @@ type explained struct {
 func (e *explained) Error() string   { return e.msg }
 func (e *explained) Unwrap() []error { return e.errs }
 
-// Recv waits for the next receive completion. Once the connection has
-// ended it returns the completions still queued, then fails at once with
-// ErrEnded.
+// Recv waits for the next receive completion, in the order the receives
+// were posted; its ID names the buffer (see PostRecv). A failed receive
+// comes with its completion and an error. Once the connection has ended,
+// Recv returns the completions still queued (messages that arrived
+// before the end, then the receives the end flushed, as errors), then
+// fails at once with ErrEnded.
 func (c *Conn) Recv(ctx context.Context) (verbs.WorkCompletion, error) {
 	if c.opts.RecvCQ != nil {
 		return verbs.WorkCompletion{}, c.sharedCQError("receive", "RecvCQ")
