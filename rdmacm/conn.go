@@ -508,8 +508,8 @@ func (c *Conn) checkLocal(op string, mr *verbs.MR, off, n int, deviceWrites bool
 	if a, ok := mrAccess.Load(mr); ok && a.(verbs.AccessFlags)&verbs.AccessLocalWrite == 0 {
 		oe := c.opError(op, nil, fmt.Errorf("the memory region was registered without verbs.AccessLocalWrite (access %v), "+
 			"and the device writes into it", a))
-		oe.Hint = "register it with verbs.AccessLocalWrite; posted anyway, the receive would fail only when a message " +
-			"arrives (on rxe as LOC_QP_OP_ERR, the sender's as REM_OP_ERR; on siw as GENERAL_ERR)"
+		oe.Hint = "register it with verbs.AccessLocalWrite; otherwise the device fails only when it writes " +
+			"(a receive: on rxe as LOC_QP_OP_ERR, the sender's as REM_OP_ERR; on siw as GENERAL_ERR)"
 		return oe
 	}
 	return nil
@@ -533,7 +533,8 @@ func RemoteBufferOf(mr *verbs.MR, off, n int) RemoteBuffer {
 // A range outside mr, and memory that RegisterMemory registered without
 // verbs.AccessLocalWrite, are refused here rather than failing when a
 // message arrives. The receive queue holds Options.Cap.MaxRecvWR
-// receives: each keeps its slot until Recv takes its completion.
+// receives (or a few more, as the device rounds it up): each keeps its
+// slot until Recv takes its completion.
 func (c *Conn) PostRecv(mr *verbs.MR, off, n int) error {
 	const op = "post receive"
 	if c.ended() {
