@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/rdmago/rdmago/verbs"
@@ -58,6 +59,23 @@ type UDPeer struct {
 // Conn is an established connection: a QP with its CQs and PD, ready for
 // work requests. The QP, CQs and PD are there for direct use with package
 // verbs; Send, Recv, Write and Read cover the simple cases.
+//
+// Every method may be called from several goroutines at once. Send,
+// Write, Read and SendTo post one request and wait for its completion on
+// the send CQ, which one of them at a time does: concurrent calls take
+// turns, each returning when its own request has completed (for requests
+// in flight together, post on QP and poll SendCQ yourself). Recv likewise
+// hands each receive completion to one caller. PostRecv, RegisterMemory
+// and the accessors do not wait, and a sender, a receiver and PostRecv
+// run side by side: the usual server has one goroutine in Recv (posting
+// the next receive) while others Send. Close, from any goroutine, first
+// wakes the calls still waiting (they fail with ErrEnded) and then
+// releases what they used.
+//
+// The helpers own the connection's CQs: while one waits, do not poll the
+// same CQ yourself, or the completions are split between you. Receives
+// you post on QP directly, with IDs of your own, complete through Recv
+// too. Which buffer a receive completion belongs to: see PostRecv.
 type Conn struct {
 	QP     *verbs.QP
 	SendCQ *verbs.CQ
@@ -84,6 +102,12 @@ type Conn struct {
 	doneOnce sync.Once
 	err      error // why done closed; set before
 
+	// endCtx is cancelled when done closes: waits that the end must
+	// interrupt run under it. Made on the first wait.
+	endMu     sync.Mutex
+	endCtx    context.Context
+	endCancel context.CancelFunc
+
 	closeOnce sync.Once
 	closeErr  error
 
@@ -96,10 +120,16 @@ type Conn struct {
 	disconnectSent     time.Time
 	disconnecting      atomic.Bool // this side sent a disconnect: the peer's answer needs none
 
+	// sendMu is held by a helper waiting for its send completion, recvMu
+	// by Recv: one waiter per CQ. Close takes both, and mrMu, before it
+	// releases the objects, once the end has woken the waiters.
 	sendMu sync.Mutex
 	recvMu sync.Mutex
 	wrID   atomic.Uint64
 	mrMu   sync.Mutex // guards res.mrs and res.ahs
+	// released: Close released the verbs objects. Written with sendMu,
+	// recvMu and mrMu held: any one of them guards a read.
+	released bool
 }
 
 // kindName is the kind of RDMA, with the RoCE version.
@@ -162,14 +192,22 @@ func (c *Conn) PeerPrivateData() []byte { return c.peerData }
 // Peer is the UD endpoint the dialing side resolved (UD only).
 func (c *Conn) Peer() UDPeer { return c.peer }
 
-// Done is closed when the connection ends: the peer disconnected, the
-// device went away, the local address moved, or Disconnect or Close was
-// called. Err then says which.
+// Done is closed when the connection ends: the peer disconnected (or its
+// process exited), the device went away, the local address moved, or
+// Disconnect or Close was called. Err then says which.
+//
+// From then on every call that uses the connection (Send, Recv, PostRecv,
+// Write, Read, SendTo, ReplyTo, RegisterMemory) fails at once, and one
+// waiting when it ends returns at once, with an error that matches
+// ErrEnded and wraps Err. Recv first returns the completions already
+// there: messages that arrived before the end, then the receives the end
+// flushed (see Recv). Disconnect returns nil, as there is nothing left to
+// end; Close is still needed to release the connection.
 func (c *Conn) Done() <-chan struct{} { return c.done }
 
-// Err is nil while the connection is up, then the reason it ended
-// (errors.Is with ErrDisconnected, ErrDeviceRemoved, ErrAddrChanged or
-// ErrClosed).
+// Err is nil while the connection is up, then the reason it ended. It
+// matches ErrEnded, and the reason: errors.Is with ErrDisconnected,
+// ErrDeviceRemoved, ErrAddrChanged or ErrClosed.
 func (c *Conn) Err() error {
 	select {
 	case <-c.done:
@@ -181,12 +219,16 @@ func (c *Conn) Err() error {
 
 // end records why the connection ended, once, and flushes the QP: work
 // requests still posted complete with WR_FLUSH_ERR instead of hanging.
+// It wakes the calls waiting on the connection.
 func (c *Conn) end(kind error, ev *Event) {
 	c.doneOnce.Do(func() {
-		e := c.opError("connection", kind, nil)
+		cause := kind
 		if ev != nil && ev.Type == eventChannelFailed {
-			e.Err = ev.err
-		} else if ev != nil {
+			cause, ev = ev.err, nil // no CM event ended it
+		}
+		e := c.opError(opConnection, ErrEnded, cause)
+		e.Hint = endHint(kind, c.disconnecting.Load())
+		if ev != nil {
 			e.Event, e.Status = ev.Type.String(), ev.Status
 		}
 		c.err = e
@@ -194,7 +236,88 @@ func (c *Conn) end(kind error, ev *Event) {
 			c.QP.Modify(&verbs.QPAttr{State: verbs.QPStateErr}, verbs.AttrState)
 		}
 		close(c.done)
+		c.endMu.Lock()
+		if c.endCancel != nil {
+			c.endCancel()
+		}
+		c.endMu.Unlock()
 	})
+}
+
+// endHint says what ended the connection, by the kind of end and whether
+// this side had sent a disconnect.
+func endHint(kind error, disconnecting bool) string {
+	switch {
+	case kind == ErrDisconnected && disconnecting:
+		return "this side disconnected (Disconnect or Close)"
+	case kind == ErrDisconnected:
+		return "the peer disconnected or closed the connection, or its process exited; Close this side to release it"
+	case kind == ErrDeviceRemoved:
+		return "the RDMA device went away (driver unloaded, rdma link delete); Close the connection"
+	case kind == ErrAddrChanged:
+		return "the local address moved to another device or went away; Close the connection and dial again"
+	case kind == ErrClosed:
+		return "this side ended it: Disconnect or Close was called"
+	}
+	return ""
+}
+
+// ended reports whether the connection has ended.
+func (c *Conn) ended() bool {
+	select {
+	case <-c.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// endedError is op's error on a connection that has ended: Err, which
+// says why and matches ErrEnded, in op's place.
+func (c *Conn) endedError(op string) error {
+	return c.opError(op, nil, c.err)
+}
+
+// endContext is a context that the end of the connection cancels.
+func (c *Conn) endContext() context.Context {
+	c.endMu.Lock()
+	defer c.endMu.Unlock()
+	if c.endCtx == nil {
+		c.endCtx, c.endCancel = context.WithCancel(context.Background())
+		if c.ended() {
+			c.endCancel()
+		}
+	}
+	return c.endCtx
+}
+
+// pollWait polls cq into wcs and waits, if it is empty, until a completion
+// arrives, ctx ends or the connection ends. A wait the end interrupts
+// polls once more, for a completion that came with it, and otherwise
+// fails with the ended error. The caller holds the CQ's lock (sendMu or
+// recvMu) and has checked released.
+func (c *Conn) pollWait(ctx context.Context, op string, cq *verbs.CQ, wcs []verbs.WorkCompletion) (int, error) {
+	var n int
+	var err error
+	if ctx.Done() == nil {
+		n, err = cq.PollWait(c.endContext(), wcs) // nothing to merge
+	} else {
+		wctx, cancel := context.WithCancel(ctx)
+		stop := context.AfterFunc(c.endContext(), cancel)
+		n, err = cq.PollWait(wctx, wcs)
+		stop()
+		cancel()
+	}
+	if err == nil {
+		return n, nil
+	}
+	if ctx.Err() == nil && c.ended() {
+		if n, _ := cq.Poll(wcs); n > 0 {
+			return n, nil
+		}
+		return 0, c.endedError(op)
+	}
+	return 0, c.opError(op, nil, err)
 }
 
 // onEvent handles the events of an established connection. ESTABLISHED
@@ -308,7 +431,9 @@ func (c *Conn) disconnect(ctx context.Context) error {
 // Close disconnects (see Disconnect), and releases the QP, MRs made with
 // RegisterMemory, CQs, PD and the CM id, in that order. A disconnect that
 // gets no answer within CloseTimeout does not stop the release; Close
-// reports only what releasing the objects reported.
+// reports only what releasing the objects reported. Calls waiting on the
+// connection in other goroutines return (with ErrEnded) before anything
+// is released.
 func (c *Conn) Close() error {
 	c.closeOnce.Do(func() {
 		c.Disconnect(context.Background())
@@ -316,10 +441,17 @@ func (c *Conn) Close() error {
 			c.id.LeaveMulticast(c.group)
 		}
 		c.end(ErrClosed, nil)
-		start := time.Now()
+		// The end woke the helpers' waits: once they have let go of
+		// the CQs, nothing polls them while they are destroyed.
+		c.sendMu.Lock()
+		c.recvMu.Lock()
 		c.mrMu.Lock()
+		c.released = true
+		start := time.Now()
 		c.closeErr = c.res.close()
 		c.mrMu.Unlock()
+		c.recvMu.Unlock()
+		c.sendMu.Unlock()
 		c.opts.trace(StepDestroyQP, start)
 		if c.id != nil {
 			start := time.Now()
@@ -331,16 +463,46 @@ func (c *Conn) Close() error {
 }
 
 // RegisterMemory registers size bytes of memory outside the Go heap for the
-// connection's PD; Close releases it.
+// connection's PD; Close releases it. A receive (PostRecv) or an RDMA READ
+// (Read) into it needs verbs.AccessLocalWrite.
 func (c *Conn) RegisterMemory(size int, access verbs.AccessFlags) (*verbs.MR, error) {
+	c.mrMu.Lock()
+	defer c.mrMu.Unlock()
+	if c.ended() {
+		return nil, c.endedError("register memory")
+	}
 	mr, err := c.PD.RegisterMemory(size, access)
 	if err != nil {
 		return nil, err
 	}
-	c.mrMu.Lock()
-	defer c.mrMu.Unlock()
 	c.res.mrs = append(c.res.mrs, mr)
 	return mr, nil
+}
+
+// checkLocal refuses a local buffer that the device would refuse only
+// later, in a failed completion: a range outside mr or, when the device
+// writes into it (a receive, an RDMA READ), memory registered without
+// local write access.
+func (c *Conn) checkLocal(op string, mr *verbs.MR, off, n int, deviceWrites bool) error {
+	if mr == nil {
+		return c.opError(op, nil, errors.New("the memory region is nil"))
+	}
+	if size := len(mr.Bytes()); off < 0 || n < 0 || off > size || n > size-off {
+		oe := c.opError(op, nil, fmt.Errorf("%d bytes at offset %d do not lie within the %d-byte memory region", n, off, size))
+		oe.Hint = "off and n address the region: 0 <= off and off+n <= its size"
+		return oe
+	}
+	if !deviceWrites || n == 0 {
+		return nil
+	}
+	if a := mr.Access(); a&verbs.AccessLocalWrite == 0 {
+		oe := c.opError(op, nil, fmt.Errorf("the memory region was registered without verbs.AccessLocalWrite (access %v), "+
+			"and the device writes into it", a))
+		oe.Hint = "register it with verbs.AccessLocalWrite; otherwise the device fails only when it writes " +
+			"(a receive: on rxe as LOC_QP_OP_ERR, the sender's as REM_OP_ERR; on siw as GENERAL_ERR)"
+		return oe
+	}
+	return nil
 }
 
 // RemoteBufferOf describes n bytes of mr from off, for the peer.
@@ -349,31 +511,95 @@ func RemoteBufferOf(mr *verbs.MR, off, n int) RemoteBuffer {
 }
 
 // PostRecv posts a receive of up to n bytes into mr at off. Post receives
-// before the peer sends: a SEND without a posted receive waits for one
-// (RNR) and fails after the RNR retries.
+// before the peer sends: on RoCE a SEND without a posted receive waits for
+// one (RNR) and fails after the RNR retries; on iWARP it ends the
+// connection.
+//
+// The receive's completion, which Recv returns, names its buffer: its ID
+// is the buffer's address, mr.Addr()+off, so the message is at offset
+// wc.ID-mr.Addr() of mr, wc.ByteLen bytes long (after the GRH on UD).
+// Receives also complete in the order they were posted.
+//
+// A range outside mr, and memory that RegisterMemory registered without
+// verbs.AccessLocalWrite, are refused here rather than failing when a
+// message arrives. The receive queue holds Options.Cap.MaxRecvWR
+// receives (or a few more, as the device rounds it up): each keeps its
+// slot until Recv takes its completion.
 func (c *Conn) PostRecv(mr *verbs.MR, off, n int) error {
-	return c.QP.PostRecv(verbs.RecvWR{ID: c.wrID.Add(1), SGEs: []verbs.SGE{mr.SGE(off, n)}})
+	const op = "post receive"
+	if c.ended() {
+		return c.endedError(op)
+	}
+	if err := c.checkLocal(op, mr, off, n, true); err != nil {
+		return err
+	}
+	err := c.QP.PostRecv(verbs.RecvWR{ID: mr.Addr() + uint64(off), SGEs: []verbs.SGE{mr.SGE(off, n)}})
+	switch {
+	case err == nil:
+		return nil
+	case c.ended():
+		return c.endedError(op)
+	case isENOMEM(err):
+		oe := c.opError(op, nil, &explained{"the receive queue is full (ibv_post_recv: ENOMEM)", []error{syscall.ENOMEM, err}})
+		oe.Hint = fmt.Sprintf("a posted receive keeps its slot until Recv takes its completion; the queue holds "+
+			"Options.Cap.MaxRecvWR receives (%d here; the device may round it up): take completions before "+
+			"posting more, or raise it", c.opts.Cap.MaxRecvWR)
+		return oe
+	}
+	return c.opError(op, nil, err)
 }
 
-// Recv waits for the next receive completion.
+// isENOMEM reports whether a post failed with ENOMEM, a full queue. Some
+// providers (siw in rdma-core 44) return it negated.
+func isENOMEM(err error) bool {
+	var errno syscall.Errno
+	return errors.As(err, &errno) && (errno == syscall.ENOMEM || int(errno) == -int(syscall.ENOMEM))
+}
+
+// explained is a cause put into words; it still matches what it explains.
+type explained struct {
+	msg  string
+	errs []error
+}
+
+func (e *explained) Error() string   { return e.msg }
+func (e *explained) Unwrap() []error { return e.errs }
+
+// Recv waits for the next receive completion, in the order the receives
+// were posted; its ID names the buffer (see PostRecv). A failed receive
+// comes with its completion and an error. Once the connection has ended,
+// Recv returns the completions still queued (messages that arrived
+// before the end, then the receives the end flushed, as errors), then
+// fails at once with ErrEnded.
 func (c *Conn) Recv(ctx context.Context) (verbs.WorkCompletion, error) {
 	if c.opts.RecvCQ != nil {
 		return verbs.WorkCompletion{}, c.sharedCQError("receive", "RecvCQ")
 	}
 	c.recvMu.Lock()
 	defer c.recvMu.Unlock()
+	if c.released {
+		return verbs.WorkCompletion{}, c.endedError("receive")
+	}
 	var wc [1]verbs.WorkCompletion
-	if _, err := c.RecvCQ.PollWait(ctx, wc[:]); err != nil {
-		return verbs.WorkCompletion{}, c.opError("receive", nil, err)
+	if c.ended() {
+		// What arrived before the end, and the flushed receives.
+		if n, _ := c.RecvCQ.Poll(wc[:]); n == 0 {
+			return verbs.WorkCompletion{}, c.endedError("receive")
+		}
+	} else if _, err := c.pollWait(ctx, "receive", c.RecvCQ, wc[:]); err != nil {
+		return verbs.WorkCompletion{}, err
 	}
 	if wc[0].Status != verbs.WCSuccess {
-		return wc[0], c.completionError("receive", wc[0])
+		return wc[0], c.completionError("receive", wc[0], 0)
 	}
 	return wc[0], nil
 }
 
 // Send sends n bytes of mr from off and waits for the completion.
 func (c *Conn) Send(ctx context.Context, mr *verbs.MR, off, n int) error {
+	if err := c.checkLocal("send", mr, off, n, false); err != nil {
+		return err
+	}
 	return c.post(ctx, "send", verbs.SendWR{Opcode: verbs.OpSend, SGEs: []verbs.SGE{mr.SGE(off, n)}})
 }
 
@@ -381,6 +607,9 @@ func (c *Conn) Send(ctx context.Context, mr *verbs.MR, off, n int) error {
 func (c *Conn) Write(ctx context.Context, mr *verbs.MR, off, n int, to RemoteBuffer) error {
 	if uint32(n) > to.Len {
 		return c.opError("RDMA write", nil, fmt.Errorf("%d bytes do not fit the peer's %d-byte buffer", n, to.Len))
+	}
+	if err := c.checkLocal("RDMA write", mr, off, n, false); err != nil {
+		return err
 	}
 	return c.post(ctx, "RDMA write", verbs.SendWR{Opcode: verbs.OpRDMAWrite, SGEs: []verbs.SGE{mr.SGE(off, n)},
 		RemoteAddr: to.Addr, RKey: to.RKey})
@@ -390,6 +619,9 @@ func (c *Conn) Write(ctx context.Context, mr *verbs.MR, off, n int, to RemoteBuf
 func (c *Conn) Read(ctx context.Context, mr *verbs.MR, off, n int, from RemoteBuffer) error {
 	if uint32(n) > from.Len {
 		return c.opError("RDMA read", nil, fmt.Errorf("%d bytes exceed the peer's %d-byte buffer", n, from.Len))
+	}
+	if err := c.checkLocal("RDMA read", mr, off, n, true); err != nil {
+		return err
 	}
 	return c.post(ctx, "RDMA read", verbs.SendWR{Opcode: verbs.OpRDMARead, SGEs: []verbs.SGE{mr.SGE(off, n)},
 		RemoteAddr: from.Addr, RKey: from.RKey})
@@ -401,6 +633,9 @@ func (c *Conn) SendTo(ctx context.Context, mr *verbs.MR, off, n int, peer UDPeer
 	if c.QP.Type != verbs.QPTypeUD {
 		return c.opError("send to", nil, errors.New("SendTo is for UD connections; use Send"))
 	}
+	if err := c.checkLocal("send to", mr, off, n, false); err != nil {
+		return err
+	}
 	return c.post(ctx, "send to", verbs.SendWR{Opcode: verbs.OpSend, SGEs: []verbs.SGE{mr.SGE(off, n)},
 		AH: peer.AH, RemoteQPN: peer.QPN, RemoteQKey: peer.QKey})
 }
@@ -409,6 +644,11 @@ func (c *Conn) SendTo(ctx context.Context, mr *verbs.MR, off, n int, peer UDPeer
 // mr at off the receive buffer, whose first verbs.GRHSize bytes hold the
 // GRH. The address handle is released with the Conn.
 func (c *Conn) ReplyTo(wc verbs.WorkCompletion, mr *verbs.MR, off int) (UDPeer, error) {
+	c.mrMu.Lock()
+	defer c.mrMu.Unlock()
+	if c.ended() {
+		return UDPeer{}, c.endedError("address the sender")
+	}
 	attr, err := c.PD.AHAttrFromWC(c.path.Port, wc, mr.Bytes()[off:off+verbs.GRHSize])
 	if err != nil {
 		return UDPeer{}, c.opError("address the sender", nil, err)
@@ -417,9 +657,7 @@ func (c *Conn) ReplyTo(wc verbs.WorkCompletion, mr *verbs.MR, off int) (UDPeer, 
 	if err != nil {
 		return UDPeer{}, c.opError("address the sender", nil, err)
 	}
-	c.mrMu.Lock()
 	c.res.ahs = append(c.res.ahs, ah)
-	c.mrMu.Unlock()
 	return UDPeer{AH: ah, QPN: wc.SrcQP, QKey: udpQKey}, nil
 }
 
@@ -431,23 +669,35 @@ func (c *Conn) post(ctx context.Context, op string, wr verbs.SendWR) error {
 	}
 	c.sendMu.Lock()
 	defer c.sendMu.Unlock()
+	if c.released || c.ended() {
+		return c.endedError(op)
+	}
 	wr.ID = c.wrID.Add(1)
 	wr.Flags |= verbs.SendSignaled
 	if err := c.QP.PostSend(wr); err != nil {
-		return c.opError(op, c.Err(), err)
+		if c.ended() {
+			return c.endedError(op)
+		}
+		return c.opError(op, nil, err)
 	}
 	var wcs [4]verbs.WorkCompletion
 	for {
-		n, err := c.SendCQ.PollWait(ctx, wcs[:])
-		if err != nil {
-			return c.opError(op, nil, err)
+		var n int
+		var err error
+		if c.ended() {
+			// Ours may be among the completions the end flushed.
+			if n, _ = c.SendCQ.Poll(wcs[:]); n == 0 {
+				return c.endedError(op)
+			}
+		} else if n, err = c.pollWait(ctx, op, c.SendCQ, wcs[:]); err != nil {
+			return err
 		}
 		for _, wc := range wcs[:n] {
 			if wc.ID != wr.ID {
 				continue
 			}
 			if wc.Status != verbs.WCSuccess {
-				return c.completionError(op, wc)
+				return c.completionError(op, wc, int(wr.SGEs[0].Length))
 			}
 			return nil
 		}
@@ -468,27 +718,85 @@ func (c *Conn) sharedCQError(op, field string) error {
 type CompletionError struct {
 	Status verbs.WCStatus
 	Vendor uint32
+	// hint, where the connection knows more, replaces the status's own.
+	hint string
 }
 
 func (e *CompletionError) Error() string {
 	s := fmt.Sprintf("completion status %v (vendor error %#x)", e.Status, e.Vendor)
-	if h := e.Status.Hint(); h != "" {
+	h := e.hint
+	if h == "" {
+		h = e.Status.Hint()
+	}
+	if h != "" {
 		s += ": " + h
 	}
 	return s
 }
 
-func (c *Conn) completionError(op string, wc verbs.WorkCompletion) error {
+// completionError is op's failed completion wc; n is the length of what
+// op sent (0 for a receive).
+func (c *Conn) completionError(op string, wc verbs.WorkCompletion, n int) error {
+	ce := &CompletionError{Status: wc.Status, Vendor: wc.VendorErr, hint: c.completionHint(op, wc.Status, n)}
+	if wc.Status != verbs.WCWRFlushErr {
+		// Its own failure, even if the connection ended since (siw ends
+		// it on a receive that does not fit): the end is not the cause.
+		return c.opError(op, nil, ce)
+	}
 	// A flush after the connection ended is that end, not a new failure.
 	// On iWARP the peer's close flushes the QP before DISCONNECTED
 	// arrives: give the event a moment to say so.
-	if wc.Status == verbs.WCWRFlushErr {
-		select {
-		case <-c.done:
-		case <-time.After(flushGrace):
+	select {
+	case <-c.done:
+		ce.hint = "the work request was flushed when the connection ended"
+	case <-time.After(flushGrace):
+	}
+	return c.opError(op, c.Err(), ce)
+}
+
+// completionHint says what a failed send or receive usually means where
+// the status alone says little: a message longer than the receive buffer
+// shows as different statuses on each device and side (rxe: REM_OP_ERR
+// at the sender, LOC_QP_OP_ERR at the receiver; siw: LOC_LEN_ERR at the
+// receiver only), and so does a receive buffer without local write access
+// (rxe: the same pair; siw: GENERAL_ERR). n is the length sent.
+func (c *Conn) completionHint(op string, st verbs.WCStatus, n int) string {
+	ud := c.QP.Type == verbs.QPTypeUD
+	switch op {
+	case "receive":
+		switch st {
+		case verbs.WCLocLenErr:
+			if ud {
+				return "the datagram and the GRH before it (verbs.GRHSize bytes) were longer than the receive buffer: " +
+					"post buffers of verbs.GRHSize plus the largest datagram"
+			}
+			return "the peer's message was longer than this receive's buffer (PostRecv's n): " +
+				"post buffers as large as the largest message the peer sends"
+		case verbs.WCLocQPOpErr:
+			return "the incoming message did not fit this receive (as rxe reports it): it was longer than " +
+				"the buffer (PostRecv's n: post buffers as large as the largest message the peer sends), " +
+				"or the buffer's memory lacks verbs.AccessLocalWrite"
+		case verbs.WCGeneralErr:
+			return "the incoming message could not be placed in this receive (as siw reports it): " +
+				"usually the buffer's memory lacks verbs.AccessLocalWrite"
+		}
+	case "send", "send to":
+		switch st {
+		case verbs.WCRemOpErr, verbs.WCRemInvReqErr:
+			return fmt.Sprintf("the peer could not take this %d-byte message: usually it is longer than the "+
+				"receive buffer the peer posted (its PostRecv's n; its Recv fails too, with LOC_QP_OP_ERR or "+
+				"LOC_LEN_ERR), or that buffer's memory lacks verbs.AccessLocalWrite", n)
+		case verbs.WCLocLenErr:
+			if ud {
+				return fmt.Sprintf("a UD datagram must fit the path MTU (%v); this one is %d bytes", c.path.MTU, n)
+			}
+			return fmt.Sprintf("the %d-byte message exceeds the device's maximum message size", n)
+		case verbs.WCLocQPOpErr:
+			return fmt.Sprintf("the device refused this %d-byte request: longer than its maximum message size, "+
+				"or beyond what the QP was created for (Options.Cap)", n)
 		}
 	}
-	return c.opError(op, c.Err(), &CompletionError{Status: wc.Status, Vendor: wc.VendorErr})
+	return ""
 }
 
 // flushGrace is how long a flushed work request waits for the event that

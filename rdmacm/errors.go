@@ -23,6 +23,12 @@ var (
 	ErrDisconnected  = errors.New("disconnected")
 	ErrDeviceRemoved = errors.New("RDMA device removed")
 	ErrAddrChanged   = errors.New("local address changed")
+	// ErrEnded: the connection had ended (its Done was closed) when the
+	// call was made, or ended while the call waited. Conn.Err matches it
+	// too, and the error of such a call wraps Err, so that it also
+	// matches the reason: ErrDisconnected, ErrDeviceRemoved,
+	// ErrAddrChanged or ErrClosed.
+	ErrEnded = errors.New("connection ended")
 	// ErrTimeout: a step got no answer within its timeout.
 	ErrTimeout = errors.New("timed out")
 	// ErrPrivateDataTooLong: private data that does not fit its CM message
@@ -75,6 +81,20 @@ func (e *OpError) Error() string {
 	var b strings.Builder
 	b.WriteString("rdmacm: ")
 	b.WriteString(e.Op)
+	b.WriteString(e.where())
+	b.WriteString(": ")
+	var hints []string
+	e.writeBody(&b, &hints)
+	for _, h := range hints {
+		b.WriteString("; ")
+		b.WriteString(h)
+	}
+	return b.String()
+}
+
+// where is the connection the error belongs to: " A -> B (device, port, QP)".
+func (e *OpError) where() string {
+	var b strings.Builder
 	if e.Local.IsValid() && (!e.Local.Addr().IsUnspecified() || e.Local.Port() != 0) {
 		fmt.Fprintf(&b, " %v", e.Local)
 	}
@@ -94,24 +114,41 @@ func (e *OpError) Error() string {
 	if len(where) > 0 {
 		fmt.Fprintf(&b, " (%s)", strings.Join(where, ", "))
 	}
-	b.WriteString(": ")
-	switch {
-	case e.Kind != nil && e.Err != nil:
-		fmt.Fprintf(&b, "%v: %v", e.Kind, e.Err)
-	case e.Kind != nil:
-		b.WriteString(e.Kind.Error())
-	case e.Err != nil:
-		b.WriteString(e.Err.Error())
-	}
-	if e.Event != "" {
-		fmt.Fprintf(&b, " [event %s, status %d]", e.Event, e.Status)
-	}
-	if e.Hint != "" {
-		b.WriteString("; ")
-		b.WriteString(e.Hint)
-	}
 	return b.String()
 }
+
+// writeBody writes what went wrong, without the prefix and the place, and
+// collects the hints, which go last. An OpError of the same connection in
+// Kind or Err (a call failing because the connection had ended, say) is
+// written the same way: the place is said once.
+func (e *OpError) writeBody(b *strings.Builder, hints *[]string) {
+	sep := ""
+	for _, err := range []error{e.Kind, e.Err} {
+		if err == nil {
+			continue
+		}
+		b.WriteString(sep)
+		sep = ": "
+		if in, ok := err.(*OpError); ok && in.where() == e.where() {
+			if in.Op != e.Op && in.Op != opConnection {
+				b.WriteString(in.Op)
+				b.WriteString(": ")
+			}
+			in.writeBody(b, hints)
+			continue
+		}
+		b.WriteString(err.Error())
+	}
+	if e.Event != "" {
+		fmt.Fprintf(b, " [event %s, status %d]", e.Event, e.Status)
+	}
+	if e.Hint != "" {
+		*hints = append(*hints, e.Hint)
+	}
+}
+
+// opConnection is the Op of a Conn's Err: the connection as a whole.
+const opConnection = "connection"
 
 func (e *OpError) Unwrap() []error {
 	var errs []error

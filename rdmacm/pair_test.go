@@ -287,7 +287,7 @@ func sink(ctx context.Context, c *rdmacm.Conn, mr *verbs.MR) error {
 		if err != nil {
 			return nil
 		}
-		c.PostRecv(mr, int(wc.ID%8)*4096, 4096)
+		c.PostRecv(mr, int(wc.ID-mr.Addr()), 4096) // the ID is the buffer's address
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -343,4 +344,31 @@ func TestStepNames(t *testing.T) {
 		seen[name] = true
 	}
 	assert.Equal(t, "Step(99)", Step(99).String())
+}
+
+// An error of a call that wraps the connection's own error (Err) names the
+// connection once, as the call's, and keeps the inner error's event and
+// hint; an OpError of another place keeps its own prefix.
+func TestOpErrorNamesItsConnectionOnce(t *testing.T) {
+	local, remote := netip.MustParseAddrPort("10.0.0.2:40000"), netip.MustParseAddrPort("10.0.0.1:7471")
+	conn := &OpError{Op: "connection", Local: local, Remote: remote, Device: "rxe0", Port: 1, QPN: 0x11,
+		Kind: ErrDisconnected, Event: "DISCONNECTED", Hint: "the peer went away"}
+	recv := &OpError{Op: "receive", Local: local, Remote: remote, Device: "rxe0", Port: 1, QPN: 0x11,
+		Kind: conn, Err: &CompletionError{Status: verbs.WCWRFlushErr}}
+	assert.Equal(t, "rdmacm: receive 10.0.0.2:40000 -> 10.0.0.1:7471 (device rxe0, port 1, QP 0x11): "+
+		"disconnected [event DISCONNECTED, status 0]: completion status WR_FLUSH_ERR (vendor error 0x0): "+
+		verbs.WCWRFlushErr.Hint()+"; the peer went away", recv.Error())
+	assert.Equal(t, 1, strings.Count(recv.Error(), "rdmacm:"))
+	assert.ErrorIs(t, recv, ErrDisconnected)
+
+	// The inner step is named when it is not the connection itself.
+	disc := &OpError{Op: "disconnect", Local: local, Remote: remote, Device: "rxe0", Port: 1, QPN: 0x11, Kind: ErrTimeout}
+	outer := &OpError{Op: "close", Local: local, Remote: remote, Device: "rxe0", Port: 1, QPN: 0x11, Err: disc}
+	assert.Equal(t, "rdmacm: close 10.0.0.2:40000 -> 10.0.0.1:7471 (device rxe0, port 1, QP 0x11): disconnect: timed out", outer.Error())
+
+	// Another connection's error is quoted whole.
+	other := &OpError{Op: "connection", Local: local, Remote: netip.MustParseAddrPort("10.0.0.3:7471"), Kind: ErrDisconnected}
+	wrapped := &OpError{Op: "receive", Local: local, Remote: remote, Err: other}
+	assert.Equal(t, "rdmacm: receive 10.0.0.2:40000 -> 10.0.0.1:7471: rdmacm: connection 10.0.0.2:40000 -> 10.0.0.3:7471: disconnected",
+		wrapped.Error())
 }

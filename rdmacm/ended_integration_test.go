@@ -1,0 +1,161 @@
+//go:build integration
+
+package rdmacm_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/rdmago/rdmago/rdmacm"
+	"github.com/rdmago/rdmago/verbs"
+)
+
+// promptly is how long a call on an ended connection may take: no wait at
+// all, but the guest's CPUs are emulated and shared.
+const promptly = time.Second
+
+// blocked runs f on a goroutine and returns where its error will arrive,
+// after checking that it is still waiting a moment later.
+func blocked(t *testing.T, what string, f func() error) <-chan error {
+	t.Helper()
+	errc := make(chan error, 1)
+	go func() { errc <- f() }()
+	select {
+	case err := <-errc:
+		t.Fatalf("%s returned before the connection ended: %v", what, err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	return errc
+}
+
+// released waits for a blocked call's error, which the end of its
+// connection must bring within a few seconds (the CM's event included).
+func released(t *testing.T, what string, errc <-chan error, reason error) {
+	t.Helper()
+	select {
+	case err := <-errc:
+		assertEnded(t, what, err, reason)
+	case <-time.After(5 * time.Second):
+		t.Errorf("%s still waits 5 s after its connection ended", what)
+	}
+}
+
+// assertEnded checks an ended connection's error as users check it: the
+// kind, the reason, and a message that says so once.
+func assertEnded(t *testing.T, what string, err, reason error) {
+	t.Helper()
+	if !assert.Error(t, err, what) {
+		return
+	}
+	assert.ErrorIs(t, err, rdmacm.ErrEnded, what)
+	assert.ErrorIs(t, err, reason, what)
+	assert.Contains(t, err.Error(), "connection ended", what)
+	assert.Equal(t, 1, strings.Count(err.Error(), "rdmacm:"), "%s: the place is said once: %v", what, err)
+}
+
+// everyCallFails makes every call that uses c, which has ended, and checks
+// that each fails at once with ErrEnded and the reason.
+func everyCallFails(t *testing.T, c *rdmacm.Conn, mr *verbs.MR, reason error) {
+	t.Helper()
+	ctx := ctxFor(t, 20*time.Second)
+	remote := rdmacm.RemoteBufferOf(mr, 0, 64)
+	calls := []struct {
+		name string
+		f    func() error
+	}{
+		{"PostRecv", func() error { return c.PostRecv(mr, 0, 64) }},
+		{"Recv", func() error { _, err := c.Recv(ctx); return err }},
+		{"Send", func() error { return c.Send(ctx, mr, 0, 64) }},
+		{"Write", func() error { return c.Write(ctx, mr, 0, 64, remote) }},
+		{"Read", func() error { return c.Read(ctx, mr, 64, 64, remote) }},
+		{"RegisterMemory", func() error { _, err := c.RegisterMemory(4096, access); return err }},
+	}
+	for _, call := range calls {
+		start := time.Now()
+		err := call.f()
+		assert.Less(t, time.Since(start), promptly, "%s on an ended connection waited", call.name)
+		assertEnded(t, call.name, err, reason)
+	}
+	// Nothing left to end: Disconnect succeeds at once.
+	start := time.Now()
+	assert.NoError(t, c.Disconnect(ctx))
+	assert.Less(t, time.Since(start), promptly, "Disconnect on an ended connection waited")
+}
+
+// The peer ends the connection: calls blocked on this side return, and
+// every later call fails at once, saying the connection ended and why. The
+// side that ended it sees the same; after Close, calls still fail that way
+// (and touch none of the released objects).
+func TestEndedConnectionFailsEveryCallAtOnce(t *testing.T) {
+	forEachDevice(t, func(t *testing.T, d device) {
+		checkNoLeaks(t)
+		client, server := pair(t, d, nil)
+		cmr, err := client.RegisterMemory(4096, access)
+		require.NoError(t, err)
+		smr, err := server.RegisterMemory(4096, access)
+		require.NoError(t, err)
+
+		// Nothing is posted, so only the end can wake these: one wait
+		// without a deadline, one with.
+		serverRecv := blocked(t, "the server's Recv", func() error {
+			_, err := server.Recv(context.Background())
+			return err
+		})
+		clientRecv := blocked(t, "the client's Recv", func() error {
+			_, err := client.Recv(ctxFor(t, 30*time.Second))
+			return err
+		})
+
+		require.NoError(t, client.Disconnect(ctxFor(t, 10*time.Second)))
+		released(t, "the client's Recv (it disconnected)", clientRecv, rdmacm.ErrDisconnected)
+		released(t, "the server's Recv (its peer disconnected)", serverRecv, rdmacm.ErrDisconnected)
+		select {
+		case <-server.Done():
+		case <-time.After(5 * time.Second):
+			t.Fatal("the server never learned that its peer disconnected")
+		}
+		assertEnded(t, "the server's Err", server.Err(), rdmacm.ErrDisconnected)
+		assert.Contains(t, server.Err().Error(), "the peer disconnected")
+		assertEnded(t, "the client's Err", client.Err(), rdmacm.ErrDisconnected)
+		assert.Contains(t, client.Err().Error(), "this side disconnected")
+		t.Log(server.Err())
+
+		everyCallFails(t, server, smr, rdmacm.ErrDisconnected)
+		everyCallFails(t, client, cmr, rdmacm.ErrDisconnected)
+
+		require.NoError(t, server.Close())
+		everyCallFails(t, server, smr, rdmacm.ErrDisconnected)
+	})
+}
+
+// Close from another goroutine releases a call waiting on the connection
+// before it destroys the CQ the call waits on.
+func TestEndedByCloseReleasesWaitingCalls(t *testing.T) {
+	forEachDevice(t, func(t *testing.T, d device) {
+		checkNoLeaks(t)
+		_, server := pair(t, d, nil)
+		recv := blocked(t, "Recv", func() error {
+			_, err := server.Recv(ctxFor(t, 30*time.Second))
+			return err
+		})
+		require.NoError(t, server.Close())
+		released(t, "Recv during Close", recv, rdmacm.ErrDisconnected)
+	})
+}
+
+// A Send waiting for a receive the peer never posts (RoCE retries RNR
+// forever by default) returns when the peer goes.
+func TestEndedPeerReleasesAWaitingSend(t *testing.T) {
+	checkNoLeaks(t)
+	client, server := pair(t, rxe(t), nil)
+	mr, err := client.RegisterMemory(4096, access)
+	require.NoError(t, err)
+	send := blocked(t, "Send", func() error { return client.Send(context.Background(), mr, 0, 64) })
+	require.NoError(t, server.Close())
+	released(t, "Send", send, rdmacm.ErrDisconnected)
+}
