@@ -19,6 +19,10 @@ type CQ struct {
 	mu   sync.Mutex
 	cq   *ibv.CQ        // nil once closed
 	wait *fdwait.Waiter // the channel fd in Go's poller, from the first wait on
+	// waiting is held for reading by a goroutine waiting on the channel,
+	// which reads it outside mu; Close takes it for writing, after waking
+	// the waiter, before it destroys the channel.
+	waiting sync.RWMutex
 
 	yield yielder // Poll yields through it
 }
@@ -134,6 +138,8 @@ func (c *CQ) waiter() (*fdwait.Waiter, *ibv.CQ, error) {
 }
 
 func (c *CQ) waitEvent(ctx context.Context) error {
+	c.waiting.RLock()
+	defer c.waiting.RUnlock()
 	w, cq, err := c.waiter()
 	if err != nil {
 		return err
@@ -153,18 +159,26 @@ func (c *CQ) waitEvent(ctx context.Context) error {
 }
 
 // Close destroys the CQ and its channel; QPs using it must be closed first.
+// A goroutine waiting on the CQ is woken first (its wait fails) and has
+// left before the channel goes.
 func (c *CQ) Close() error {
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.cq == nil {
+	cq, w := c.cq, c.wait
+	c.cq, c.wait = nil, nil // refuse new polls and waits meanwhile
+	c.mu.Unlock()
+	if cq == nil {
 		return nil
 	}
-	if err := c.cq.Destroy(); err != nil {
-		return &OpError{Op: "ibv_destroy_cq", Device: c.dev.Info.Name, Err: err, Hint: "close the QPs that use it first"}
+	if w != nil {
+		w.Close()
 	}
-	c.cq = nil
-	if c.wait != nil {
-		c.wait.Close()
+	c.waiting.Lock()
+	defer c.waiting.Unlock()
+	if err := cq.Destroy(); err != nil {
+		c.mu.Lock()
+		c.cq = cq // still in use: the CQ stays, and its next wait registers anew
+		c.mu.Unlock()
+		return &OpError{Op: "ibv_destroy_cq", Device: c.dev.Info.Name, Err: err, Hint: "close the QPs that use it first"}
 	}
 	return nil
 }

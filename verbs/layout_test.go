@@ -52,7 +52,8 @@ func fill(v reflect.Value, n *uint64) {
 	}
 }
 
-// Every field of QPAttr and AHAttr survives the crossing to C's layout and back.
+// Every field of QPAttr and AHAttr survives the conversion to internal/ibv's
+// plain types and back (internal/ibv's test covers C's side of the layouts).
 func TestQPAttrRoundTrip(t *testing.T) {
 	var a QPAttr
 	var n uint64

@@ -120,6 +120,9 @@ type AH struct {
 // destination MAC here (by route and neighbour lookup from the source GID's
 // netdev).
 func (p *PD) CreateAH(attr AHAttr) (*AH, error) {
+	if p.pd == nil {
+		return nil, &OpError{Op: "create AH", Device: p.dev.Info.Name, Err: syscall.EBADF, Hint: "the PD is closed"}
+	}
 	if err := checkAHForPort(p.dev, &attr); err != nil {
 		return nil, err
 	}

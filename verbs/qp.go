@@ -174,7 +174,10 @@ func (q *QP) PostSend(wrs ...SendWR) error {
 	for _, w := range wrs {
 		total += len(w.SGEs)
 	}
-	desc, sges := q.qp.SendScratch(len(wrs), total)
+	desc, sges, err := q.qp.SendScratch(len(wrs), total)
+	if err != nil {
+		return &OpError{Op: "ibv_post_send", Device: q.pd.dev.Info.Name, QPN: q.QPN, Err: err, Hint: "no memory for the batch's descriptors"}
+	}
 	s := 0
 	for i, w := range wrs {
 		d := &desc[i]
@@ -226,7 +229,10 @@ func (q *QP) PostRecv(wrs ...RecvWR) error {
 	for _, w := range wrs {
 		total += len(w.SGEs)
 	}
-	desc, sges := q.qp.RecvScratch(len(wrs), total)
+	desc, sges, err := q.qp.RecvScratch(len(wrs), total)
+	if err != nil {
+		return &OpError{Op: "ibv_post_recv", Device: q.pd.dev.Info.Name, QPN: q.QPN, Err: err, Hint: "no memory for the batch's descriptors"}
+	}
 	s := 0
 	for i, w := range wrs {
 		desc[i] = ibv.RecvDesc{ID: w.ID, NumSGE: uint32(len(w.SGEs))}

@@ -97,9 +97,11 @@ struct rdmago_wc {
 	uint8_t sl;
 };
 
-// Pointers as integers: the scratch is C memory and out is the caller's
-// slice, and a pointer argument would cost a cgocheck scan on every poll of
-// a busy-polling loop.
+// Pointers as integers: the scratch is C memory, and out is the caller's
+// slice, which a pointer argument would force onto the heap on every poll
+// of a busy-polling loop. Poll keeps out alive across the call; a slice on
+// the caller's stack stays put, as a goroutine's stack does not move while
+// it is in C (a property of the runtime, not a cgo rule).
 static int rdmago_poll_cq(uintptr_t cq, int n, uintptr_t scratch, uintptr_t out) {
 	struct ibv_wc *wc = (struct ibv_wc *)scratch;
 	struct rdmago_wc *o = (struct rdmago_wc *)out;
@@ -142,18 +144,75 @@ import "C"
 
 import (
 	"fmt"
+	"runtime"
 	"syscall"
 	"unsafe"
 )
 
 func init() {
-	// The Go descriptions of C's structs must be laid out as C lays them out.
-	if unsafe.Sizeof(SendDesc{}) != C.sizeof_struct_rdmago_swr || unsafe.Sizeof(RecvDesc{}) != C.sizeof_struct_rdmago_rwr ||
-		unsafe.Sizeof(WC{}) != C.sizeof_struct_rdmago_wc || unsafe.Sizeof(SGE{}) != C.sizeof_struct_ibv_sge {
-		panic(fmt.Sprintf("ibv: Go and C layouts differ: swr %d/%d rwr %d/%d wc %d/%d sge %d/%d",
-			unsafe.Sizeof(SendDesc{}), C.sizeof_struct_rdmago_swr, unsafe.Sizeof(RecvDesc{}), C.sizeof_struct_rdmago_rwr,
-			unsafe.Sizeof(WC{}), C.sizeof_struct_rdmago_wc, unsafe.Sizeof(SGE{}), C.sizeof_struct_ibv_sge))
+	if bad := layoutMismatch(); bad != "" {
+		panic("ibv: Go and C layouts differ: " + bad)
 	}
+}
+
+// layoutMismatch names the first field of SendDesc, RecvDesc, WC or SGE
+// that does not sit where its C struct has it, or "".
+func layoutMismatch() string {
+	var (
+		swr C.struct_rdmago_swr
+		rwr C.struct_rdmago_rwr
+		wc  C.struct_rdmago_wc
+		sge C.struct_ibv_sge
+		sd  SendDesc
+		rd  RecvDesc
+		w   WC
+		g   SGE
+	)
+	type pair struct {
+		name         string
+		goOff, cOff  uintptr
+		goSize, cSiz uintptr
+	}
+	for _, p := range []pair{
+		{"SendDesc", 0, 0, unsafe.Sizeof(sd), unsafe.Sizeof(swr)},
+		{"SendDesc.ID", unsafe.Offsetof(sd.ID), unsafe.Offsetof(swr.wr_id), 8, 8},
+		{"SendDesc.RemoteAddr", unsafe.Offsetof(sd.RemoteAddr), unsafe.Offsetof(swr.remote_addr), 8, 8},
+		{"SendDesc.CompareAdd", unsafe.Offsetof(sd.CompareAdd), unsafe.Offsetof(swr.compare_add), 8, 8},
+		{"SendDesc.Swap", unsafe.Offsetof(sd.Swap), unsafe.Offsetof(swr.swap), 8, 8},
+		{"SendDesc.AH", unsafe.Offsetof(sd.AH), unsafe.Offsetof(swr.ah), unsafe.Sizeof(sd.AH), unsafe.Sizeof(swr.ah)},
+		{"SendDesc.Opcode", unsafe.Offsetof(sd.Opcode), unsafe.Offsetof(swr.opcode), 4, 4},
+		{"SendDesc.Flags", unsafe.Offsetof(sd.Flags), unsafe.Offsetof(swr.flags), 4, 4},
+		{"SendDesc.Imm", unsafe.Offsetof(sd.Imm), unsafe.Offsetof(swr.imm), 4, 4},
+		{"SendDesc.NumSGE", unsafe.Offsetof(sd.NumSGE), unsafe.Offsetof(swr.num_sge), 4, 4},
+		{"SendDesc.RKey", unsafe.Offsetof(sd.RKey), unsafe.Offsetof(swr.rkey), 4, 4},
+		{"SendDesc.RemoteQPN", unsafe.Offsetof(sd.RemoteQPN), unsafe.Offsetof(swr.remote_qpn), 4, 4},
+		{"SendDesc.RemoteQKey", unsafe.Offsetof(sd.RemoteQKey), unsafe.Offsetof(swr.remote_qkey), 4, 4},
+		{"RecvDesc", 0, 0, unsafe.Sizeof(rd), unsafe.Sizeof(rwr)},
+		{"RecvDesc.ID", unsafe.Offsetof(rd.ID), unsafe.Offsetof(rwr.wr_id), 8, 8},
+		{"RecvDesc.NumSGE", unsafe.Offsetof(rd.NumSGE), unsafe.Offsetof(rwr.num_sge), 4, 4},
+		{"WC", 0, 0, unsafe.Sizeof(w), unsafe.Sizeof(wc)},
+		{"WC.ID", unsafe.Offsetof(w.ID), unsafe.Offsetof(wc.wr_id), 8, 8},
+		{"WC.Status", unsafe.Offsetof(w.Status), unsafe.Offsetof(wc.status), 4, 4},
+		{"WC.Opcode", unsafe.Offsetof(w.Opcode), unsafe.Offsetof(wc.opcode), 4, 4},
+		{"WC.VendorErr", unsafe.Offsetof(w.VendorErr), unsafe.Offsetof(wc.vendor_err), 4, 4},
+		{"WC.ByteLen", unsafe.Offsetof(w.ByteLen), unsafe.Offsetof(wc.byte_len), 4, 4},
+		{"WC.Imm", unsafe.Offsetof(w.Imm), unsafe.Offsetof(wc.imm), 4, 4},
+		{"WC.QPN", unsafe.Offsetof(w.QPN), unsafe.Offsetof(wc.qp_num), 4, 4},
+		{"WC.SrcQP", unsafe.Offsetof(w.SrcQP), unsafe.Offsetof(wc.src_qp), 4, 4},
+		{"WC.Flags", unsafe.Offsetof(w.Flags), unsafe.Offsetof(wc.wc_flags), 4, 4},
+		{"WC.PKeyIndex", unsafe.Offsetof(w.PKeyIndex), unsafe.Offsetof(wc.pkey_index), 2, 2},
+		{"WC.SLID", unsafe.Offsetof(w.SLID), unsafe.Offsetof(wc.slid), 2, 2},
+		{"WC.SL", unsafe.Offsetof(w.SL), unsafe.Offsetof(wc.sl), 1, 1},
+		{"SGE", 0, 0, unsafe.Sizeof(g), unsafe.Sizeof(sge)},
+		{"SGE.Addr", unsafe.Offsetof(g.Addr), unsafe.Offsetof(sge.addr), 8, 8},
+		{"SGE.Length", unsafe.Offsetof(g.Length), unsafe.Offsetof(sge.length), 4, 4},
+		{"SGE.LKey", unsafe.Offsetof(g.LKey), unsafe.Offsetof(sge.lkey), 4, 4},
+	} {
+		if p.goOff != p.cOff || p.goSize != p.cSiz {
+			return fmt.Sprintf("%s at %d (%d bytes) in Go, at %d (%d bytes) in C", p.name, p.goOff, p.goSize, p.cOff, p.cSiz)
+		}
+	}
+	return ""
 }
 
 // Available reports whether this build can call libibverbs.
@@ -458,12 +517,16 @@ func (c *CQ) Pointer() unsafe.Pointer { return unsafe.Pointer(c.cq) }
 // Poll moves up to len(out) completions into out in one crossing.
 func (c *CQ) Poll(out []WC) (int, error) {
 	if len(out) > c.wcCap {
+		wc := (*C.struct_ibv_wc)(C.calloc(C.size_t(len(out)), C.sizeof_struct_ibv_wc))
+		if wc == nil {
+			return 0, syscall.ENOMEM
+		}
 		C.free(unsafe.Pointer(c.wc))
-		c.wc = (*C.struct_ibv_wc)(C.calloc(C.size_t(len(out)), C.sizeof_struct_ibv_wc))
-		c.wcCap = len(out)
+		c.wc, c.wcCap = wc, len(out)
 	}
 	n := int(C.rdmago_poll_cq(C.uintptr_t(uintptr(unsafe.Pointer(c.cq))), C.int(len(out)),
 		C.uintptr_t(uintptr(unsafe.Pointer(c.wc))), C.uintptr_t(uintptr(unsafe.Pointer(&out[0])))))
+	runtime.KeepAlive(out) // C wrote into it; the GC must not have freed it meanwhile
 	if n < 0 {
 		return 0, syscall.EIO
 	}
@@ -609,35 +672,55 @@ func (q *QP) Modify(a *QPAttr, mask uint32) error {
 	return nil
 }
 
-// grow makes room for n work requests with s SGEs in C memory.
-func (q *QP) grow(n, s int) {
+// grow makes room for n work requests with s SGEs in C memory; it fails
+// only when memory runs out, leaving what was there.
+func (q *QP) grow(n, s int) error {
 	if q.bad == nil {
-		q.bad = (*C.int)(C.malloc(C.sizeof_int))
+		if q.bad = (*C.int)(C.malloc(C.sizeof_int)); q.bad == nil {
+			return syscall.ENOMEM
+		}
 	}
 	if n > q.nWR {
-		q.sdesc = (*C.struct_rdmago_swr)(C.realloc(unsafe.Pointer(q.sdesc), C.size_t(n)*C.sizeof_struct_rdmago_swr))
-		q.swrs = (*C.struct_ibv_send_wr)(C.realloc(unsafe.Pointer(q.swrs), C.size_t(n)*C.sizeof_struct_ibv_send_wr))
-		q.rdesc = (*C.struct_rdmago_rwr)(C.realloc(unsafe.Pointer(q.rdesc), C.size_t(n)*C.sizeof_struct_rdmago_rwr))
-		q.rwrs = (*C.struct_ibv_recv_wr)(C.realloc(unsafe.Pointer(q.rwrs), C.size_t(n)*C.sizeof_struct_ibv_recv_wr))
+		for _, b := range []struct {
+			p    *unsafe.Pointer
+			size C.size_t
+		}{{(*unsafe.Pointer)(unsafe.Pointer(&q.sdesc)), C.sizeof_struct_rdmago_swr},
+			{(*unsafe.Pointer)(unsafe.Pointer(&q.swrs)), C.sizeof_struct_ibv_send_wr},
+			{(*unsafe.Pointer)(unsafe.Pointer(&q.rdesc)), C.sizeof_struct_rdmago_rwr},
+			{(*unsafe.Pointer)(unsafe.Pointer(&q.rwrs)), C.sizeof_struct_ibv_recv_wr}} {
+			p := C.realloc(*b.p, C.size_t(n)*b.size)
+			if p == nil {
+				return syscall.ENOMEM // the ones grown so far are only larger than needed
+			}
+			*b.p = p
+		}
 		q.nWR = n
 	}
 	if s > q.nSGE {
-		q.sges = (*C.struct_ibv_sge)(C.realloc(unsafe.Pointer(q.sges), C.size_t(s)*C.sizeof_struct_ibv_sge))
-		q.nSGE = s
+		p := C.realloc(unsafe.Pointer(q.sges), C.size_t(s)*C.sizeof_struct_ibv_sge)
+		if p == nil {
+			return syscall.ENOMEM
+		}
+		q.sges, q.nSGE = (*C.struct_ibv_sge)(p), s
 	}
+	return nil
 }
 
 // SendScratch returns room for n send requests and s SGEs, in C memory,
 // for the caller to fill before PostSend.
-func (q *QP) SendScratch(n, s int) ([]SendDesc, []SGE) {
-	q.grow(n, max(s, 1))
-	return unsafe.Slice((*SendDesc)(unsafe.Pointer(q.sdesc)), n), unsafe.Slice((*SGE)(unsafe.Pointer(q.sges)), max(s, 1))
+func (q *QP) SendScratch(n, s int) ([]SendDesc, []SGE, error) {
+	if err := q.grow(n, max(s, 1)); err != nil {
+		return nil, nil, err
+	}
+	return unsafe.Slice((*SendDesc)(unsafe.Pointer(q.sdesc)), n), unsafe.Slice((*SGE)(unsafe.Pointer(q.sges)), max(s, 1)), nil
 }
 
 // RecvScratch is SendScratch for receives.
-func (q *QP) RecvScratch(n, s int) ([]RecvDesc, []SGE) {
-	q.grow(n, max(s, 1))
-	return unsafe.Slice((*RecvDesc)(unsafe.Pointer(q.rdesc)), n), unsafe.Slice((*SGE)(unsafe.Pointer(q.sges)), max(s, 1))
+func (q *QP) RecvScratch(n, s int) ([]RecvDesc, []SGE, error) {
+	if err := q.grow(n, max(s, 1)); err != nil {
+		return nil, nil, err
+	}
+	return unsafe.Slice((*RecvDesc)(unsafe.Pointer(q.rdesc)), n), unsafe.Slice((*SGE)(unsafe.Pointer(q.sges)), max(s, 1)), nil
 }
 
 // PostSend posts the first n requests of the send scratch as one list. On

@@ -76,20 +76,16 @@ type QP struct{}
 // AdoptQP is never reached in this build.
 func AdoptQP(p unsafe.Pointer, destroy func()) *QP { return &QP{} }
 
-func (q *QP) Num() uint32                         { return 0 }
-func (q *QP) State() int                          { return 0 }
-func (q *QP) QueryState() (int, error)            { return 0, ErrNoCgo }
-func (q *QP) Query(mask uint32) (QPAttr, error)   { return QPAttr{}, ErrNoCgo }
-func (q *QP) Modify(a *QPAttr, mask uint32) error { return ErrNoCgo }
-func (q *QP) SendScratch(n, s int) ([]SendDesc, []SGE) {
-	return make([]SendDesc, n), make([]SGE, max(s, 1))
-}
-func (q *QP) RecvScratch(n, s int) ([]RecvDesc, []SGE) {
-	return make([]RecvDesc, n), make([]SGE, max(s, 1))
-}
-func (q *QP) PostSend(n int) (int, error) { return -1, ErrNoCgo }
-func (q *QP) PostRecv(n int) (int, error) { return -1, ErrNoCgo }
-func (q *QP) Destroy() error              { return nil }
+func (q *QP) Num() uint32                                     { return 0 }
+func (q *QP) State() int                                      { return 0 }
+func (q *QP) QueryState() (int, error)                        { return 0, ErrNoCgo }
+func (q *QP) Query(mask uint32) (QPAttr, error)               { return QPAttr{}, ErrNoCgo }
+func (q *QP) Modify(a *QPAttr, mask uint32) error             { return ErrNoCgo }
+func (q *QP) SendScratch(n, s int) ([]SendDesc, []SGE, error) { return nil, nil, ErrNoCgo }
+func (q *QP) RecvScratch(n, s int) ([]RecvDesc, []SGE, error) { return nil, nil, ErrNoCgo }
+func (q *QP) PostSend(n int) (int, error)                     { return -1, ErrNoCgo }
+func (q *QP) PostRecv(n int) (int, error)                     { return -1, ErrNoCgo }
+func (q *QP) Destroy() error                                  { return nil }
 
 // AHAttrAt is never reached in this build.
 func AHAttrAt(p unsafe.Pointer) AHAttr { return AHAttr{} }
