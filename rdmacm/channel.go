@@ -41,7 +41,7 @@ type cmHandle interface {
 	Disconnect() error
 	Establish() error
 	InitQPAttr(state int) (ibv.QPAttr, uint32, error)
-	CreateQP(pd *ibv.PD, scq, rcq *ibv.CQ, qpType int, cp ibv.QPCap) (*ibv.QP, error)
+	CreateQP(pd *ibv.PD, scq, rcq *ibv.CQ, qpType int, cp ibv.QPCap, signalAll bool) (*ibv.QP, error)
 	JoinMulticast(group netip.Addr, scope uint32) error
 	LeaveMulticast(group netip.Addr, scope uint32) error
 }
@@ -301,9 +301,10 @@ func (ch *channel) fail(err error) {
 	ch.mu.Unlock()
 	for _, c := range ids {
 		c.mu.Lock()
-		h := c.handler
+		tell := c.handler != nil && !c.toldFailure
+		c.toldFailure = c.toldFailure || tell
 		c.mu.Unlock()
-		if h != nil {
+		if tell {
 			c.deliver(&Event{Type: eventChannelFailed, err: ch.failure()})
 		}
 	}
@@ -313,7 +314,7 @@ func (ch *channel) fail(err error) {
 // request's new id is refused and destroyed.
 func (ev *Event) dropped() {
 	if ev.ID != nil {
-		ev.ID.h.Reject(nil)
+		ev.ID.reject(nil)
 		ev.ID.destroy()
 	}
 }
@@ -359,9 +360,13 @@ func (c *ID) setHandler(h func(*Event)) {
 		h(ev)
 	}
 	c.queue = nil
+	// A new handler hears of a failure too, once: fail() tells only the
+	// handlers that have not heard yet.
+	c.toldFailure = false
 	select {
 	case <-c.ch.failed:
-		h(&Event{Type: eventChannelFailed, err: c.ch.failure()})
+		c.toldFailure = true
+		h(&Event{Type: eventChannelFailed, err: c.ch.failure(), id: c})
 	default:
 	}
 }
@@ -412,14 +417,20 @@ func (c *ID) destroy() error {
 	default:
 	}
 	close(c.closed)
-	queued, qp := c.queue, c.qp
-	c.queue, c.qp = nil, nil
+	queued := c.queue
+	c.queue = nil
 	c.mu.Unlock()
 	c.ch.remove(c)
+	c.life.Lock() // the calls in progress end first
+	c.qpMu.Lock()
+	qp := c.qp
+	c.qp = nil
+	c.qpMu.Unlock()
 	if qp != nil {
 		qp.Close() // librdmacm destroys it through the id
 	}
 	err := c.h.Destroy()
+	c.life.Unlock()
 	for _, ev := range queued {
 		ev.dropped()
 	}

@@ -199,7 +199,7 @@ func (e *endpoint) answer(ctx context.Context) (*Conn, error) {
 		o.trace(StepConnect, start)
 		for _, to := range []verbs.QPState{verbs.QPStateInit, verbs.QPStateRTR, verbs.QPStateRTS} {
 			if err := e.move(to, peerMTU); err != nil {
-				e.id.Reject(nil)
+				e.id.reject(nil)
 				return nil, err
 			}
 		}

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rdmago/rdmago/internal/cma"
+	"github.com/rdmago/rdmago/internal/ibv"
 )
 
 // fakeSource is an event channel the test feeds by hand.
@@ -281,4 +282,74 @@ func TestFailingChannelReachesEveryWaiter(t *testing.T) {
 	waiting.Close()
 	handled.Close()
 	settle(t, before)
+}
+
+// strictHandle fails the test when the C id would be touched after
+// rdma_destroy_id freed it.
+type strictHandle struct {
+	fakeHandle
+	t    *testing.T
+	life sync.Mutex
+	dead bool
+}
+
+func (h *strictHandle) Destroy() error {
+	h.life.Lock()
+	h.dead = true
+	h.life.Unlock()
+	return nil
+}
+
+func (h *strictHandle) check(call string) {
+	h.life.Lock()
+	defer h.life.Unlock()
+	if h.dead {
+		h.t.Errorf("%s on a destroyed rdma_cm_id (a use after free in C)", call)
+	}
+}
+
+func (h *strictHandle) Context() *ibv.Context { h.check("Context"); return nil }
+func (h *strictHandle) Disconnect() error {
+	time.Sleep(20 * time.Millisecond) // a slow call, for Close to race
+	h.check("Disconnect")
+	return nil
+}
+func (h *strictHandle) LocalAddr() cma.SockAddr {
+	h.check("LocalAddr")
+	return h.fakeHandle.LocalAddr()
+}
+func (h *strictHandle) PeerAddr() cma.SockAddr { h.check("PeerAddr"); return h.fakeHandle.PeerAddr() }
+
+type strictSource struct {
+	*fakeSource
+	t *testing.T
+}
+
+func (s *strictSource) newID(token uint64, ps PortSpace) (cmHandle, error) {
+	return &strictHandle{fakeHandle: fakeHandle{token: token}, t: s.t}, nil
+}
+
+// Close waits for a call in progress on another goroutine, and an event
+// examined after its id was closed reads nothing of the freed id.
+func TestCloseNeverFreesTheIDUnderACall(t *testing.T) {
+	src := &strictSource{newFakeSource(), t}
+	ch := newChannel(src)
+	id, err := ch.newID(PortSpaceTCP)
+	require.NoError(t, err)
+
+	done := make(chan error)
+	go func() { done <- id.Disconnect() }()
+	time.Sleep(5 * time.Millisecond)
+	require.NoError(t, id.Close())
+	require.NoError(t, <-done, "the call that began before Close completes")
+	assert.ErrorIs(t, id.Disconnect(), ErrClosed, "and one after it is refused")
+	assert.Equal(t, netip.AddrPort{}, id.LocalAddr())
+
+	id, err = ch.newID(PortSpaceTCP)
+	require.NoError(t, err)
+	src.send(id.token, EventRejected, nil)
+	ev := nextWithin(t, id)
+	require.NoError(t, id.Close())
+	assert.ErrorIs(t, ev.Err(), ErrRejected)
+	src.fail <- errors.New("test over")
 }

@@ -94,7 +94,7 @@ func TestBeforeConnectErrorAborts(t *testing.T) {
 		return refuse
 	}})
 	require.ErrorIs(t, err, refuse)
-	assert.Contains(t, err.Error(), "BeforeConnect")
+	assert.Contains(t, err.Error(), "set up before connecting")
 }
 
 // Trace reports each step once, in order, with the QP transitions only

@@ -42,9 +42,18 @@ type ID struct {
 	mu      sync.Mutex
 	queue   []*Event
 	handler func(*Event)  // set by the convenient layer once it owns the id
-	qp      *verbs.QP     // made by CreateQP: destroyed with the id at the latest
 	notify  chan struct{} // one token when queue grows
-	closed  chan struct{} // closed by destroy
+	// toldFailure: the handler has had eventChannelFailed (once each).
+	toldFailure bool
+	closed      chan struct{} // closed by destroy
+
+	// life is held for reading by every call into the C id and for
+	// writing by destroy, so that Close never frees the id under a call
+	// on another goroutine. A reader never waits for mu while holding it:
+	// handlers run under mu and call methods.
+	life sync.RWMutex
+	qpMu sync.Mutex
+	qp   *verbs.QP // made by CreateQP: destroyed with the id at the latest
 }
 
 // Event is one CM event (struct rdma_cm_event), copied out of librdmacm.
@@ -88,6 +97,9 @@ func (e *Event) Err() error {
 		kind = ErrRouteResolution
 	case EventUnreachable:
 		kind = ErrUnreachable
+		if e.UD && e.Status == sidrReject {
+			kind = ErrRejected // a SIDR reject comes as UNREACHABLE
+		}
 	case EventRejected:
 		kind = ErrRejected
 	case EventConnectError, EventMulticastError:
@@ -95,13 +107,14 @@ func (e *Event) Err() error {
 	case EventDeviceRemoval:
 		kind = ErrDeviceRemoved
 	case eventChannelFailed:
-		return &OpError{Op: "get event", Kind: ErrEventChannel, Err: e.err, thin: true}
+		return &OpError{Op: "get event", Err: e.err, thin: true} // e.err matches ErrEventChannel
 	default:
 		return nil
 	}
 	oe := &OpError{Op: "event", Kind: kind, Event: e.Type.String(), Status: e.Status, thin: true}
 	iwarp := false
-	if e.id != nil {
+	if e.id != nil && e.id.enter("") == nil {
+		defer e.id.leave()
 		oe = e.id.fail("event", nil)
 		oe.Kind, oe.Event, oe.Status = kind, e.Type.String(), e.Status
 		if ctx := e.id.h.Context(); ctx != nil {
@@ -109,8 +122,8 @@ func (e *Event) Err() error {
 		}
 	}
 	switch {
-	case e.Type == EventRejected:
-		oe.Err = &RejectedError{Status: e.Status, PrivateData: e.PrivateData}
+	case kind == ErrRejected:
+		oe.Err = &RejectedError{Status: e.Status, PrivateData: e.PrivateData, ud: e.UD}
 	case e.Status < 0:
 		oe.Err = syscall.Errno(-e.Status)
 	}
@@ -123,40 +136,49 @@ func (e *Event) Err() error {
 func NewID(ps PortSpace) (*ID, error) {
 	id, err := newID(ps)
 	if err != nil {
-		return nil, &OpError{Op: "rdma_create_id", Err: err, thin: true}
+		return nil, &OpError{Op: "new id", Err: err, thin: true}
 	}
 	return id, nil
 }
 
-// fail describes a failed call on the id.
+// fail describes a failed call on the id; the caller has entered.
 func (c *ID) fail(op string, err error) *OpError {
-	oe := &OpError{Op: op, Local: c.LocalAddr(), Remote: c.RemoteAddr(), Device: c.DeviceName(), Port: c.Port(), Err: err, thin: true}
+	oe := &OpError{Op: op, Local: addrPortOf(c.h.LocalAddr()), Remote: addrPortOf(c.h.PeerAddr()), Device: c.h.DeviceName(),
+		Port: c.h.PortNum(), Err: err, thin: true}
 	if oe.Device == "" {
 		oe.Port = 0
 	}
 	return oe
 }
 
-// refuse checks the id is still open, for calls that hand it to C.
-func (c *ID) refuse(op string) error {
+// enter admits a call into the C id, unless the id is closed: the caller
+// then defers leave. Calls do not nest: those that need another's result
+// use the unexported accessors.
+func (c *ID) enter(op string) error {
+	c.life.RLock()
 	select {
 	case <-c.closed:
+		c.life.RUnlock()
 		return &OpError{Op: op, Err: ErrClosed, thin: true}
 	default:
 		return nil
 	}
 }
 
-// needDevice refuses op on an id that no address has bound to a device
-// yet: librdmacm would dereference the missing device (and crash the
-// process) in rdma_resolve_route, rdma_connect and rdma_accept.
+func (c *ID) leave() { c.life.RUnlock() }
+
+// needDevice is enter for the calls that need the id bound to a device:
+// librdmacm would dereference the missing device (and crash the process)
+// in rdma_resolve_route, rdma_connect and rdma_accept. On success the
+// caller defers leave.
 func (c *ID) needDevice(op, first string) error {
-	if err := c.refuse(op); err != nil {
+	if err := c.enter(op); err != nil {
 		return err
 	}
 	if c.h.Context() == nil {
 		oe := c.fail(op, fmt.Errorf("%w: the id is bound to no RDMA device", syscall.EINVAL))
 		oe.Hint = first
+		c.leave()
 		return oe
 	}
 	return nil
@@ -166,10 +188,14 @@ func (c *ID) needDevice(op, first string) error {
 // event channel failed it returns an error matching ErrEventChannel.
 func (c *ID) Event(ctx context.Context) (*Event, error) {
 	ev, err := c.next(ctx)
-	if err != nil {
-		return nil, c.fail("get event", err)
+	if err == nil {
+		return ev, nil
 	}
-	return ev, nil
+	if c.enter("get event") != nil {
+		return nil, &OpError{Op: "get event", Err: err, thin: true}
+	}
+	defer c.leave()
+	return nil, c.fail("get event", err)
 }
 
 // Close destroys the id (rdma_destroy_id), and first the QP CreateQP made
@@ -213,44 +239,49 @@ func addrPortOf(sa cma.SockAddr) netip.AddrPort {
 // LocalAddr is the id's source address and port (rdma_get_local_addr),
 // once bound or resolved.
 func (c *ID) LocalAddr() netip.AddrPort {
-	if c.refuse("") != nil {
+	if c.enter("") != nil {
 		return netip.AddrPort{}
 	}
+	defer c.leave()
 	return addrPortOf(c.h.LocalAddr())
 }
 
 // RemoteAddr is the peer's address and port (rdma_get_peer_addr), once
 // resolved or connected.
 func (c *ID) RemoteAddr() netip.AddrPort {
-	if c.refuse("") != nil {
+	if c.enter("") != nil {
 		return netip.AddrPort{}
 	}
+	defer c.leave()
 	return addrPortOf(c.h.PeerAddr())
 }
 
 // DeviceName is the RDMA device the id is bound to, "" until it is.
 func (c *ID) DeviceName() string {
-	if c.refuse("") != nil {
+	if c.enter("") != nil {
 		return ""
 	}
+	defer c.leave()
 	return c.h.DeviceName()
 }
 
 // Port is the device port the id is bound to, 0 until it is.
 func (c *ID) Port() int {
-	if c.refuse("") != nil {
+	if c.enter("") != nil {
 		return 0
 	}
+	defer c.leave()
 	return c.h.PortNum()
 }
 
 // Device is librdmacm's context of the id's device, on which CreateQP
-// makes QPs: allocate the PD and CQs for them on it. librdmacm owns it;
-// its Close does nothing.
+// makes QPs: allocate the PD and CQs for them on it. librdmacm owns the
+// context: Close only retires this Device value (a new call gives another).
 func (c *ID) Device() (*verbs.Device, error) {
-	if err := c.refuse("device"); err != nil {
+	if err := c.enter("device"); err != nil {
 		return nil, err
 	}
+	defer c.leave()
 	ctx := c.h.Context()
 	if ctx == nil {
 		return nil, c.fail("device", errors.New("the id is bound to no RDMA device yet: resolve an address or bind one first"))
@@ -292,9 +323,10 @@ func (o Option) String() string {
 // set before the id binds or resolves.
 func (c *ID) SetOption(opt Option, value int) error {
 	op := "set " + opt.String()
-	if err := c.refuse(op); err != nil {
+	if err := c.enter(op); err != nil {
 		return err
 	}
+	defer c.leave()
 	var v []byte
 	switch opt {
 	case OptionTOS, OptionACKTimeout:
@@ -320,9 +352,10 @@ func (c *ID) SetOption(opt Option, value int) error {
 // picks one. An unspecified address binds to no device until a request
 // arrives or an address resolves.
 func (c *ID) Bind(addr netip.AddrPort) error {
-	if err := c.refuse("rdma_bind_addr"); err != nil {
+	if err := c.enter("rdma_bind_addr"); err != nil {
 		return err
 	}
+	defer c.leave()
 	sa, err := sockaddrOf(addr)
 	if err == nil {
 		err = c.h.Bind(sa)
@@ -339,9 +372,10 @@ func (c *ID) Bind(addr netip.AddrPort) error {
 // by (rdma_resolve_addr), from src unless it is the zero Addr. An
 // ADDR_RESOLVED or ADDR_ERROR event answers within timeout.
 func (c *ID) ResolveAddr(src netip.Addr, dst netip.AddrPort, timeout time.Duration) error {
-	if err := c.refuse("rdma_resolve_addr"); err != nil {
+	if err := c.enter("rdma_resolve_addr"); err != nil {
 		return err
 	}
+	defer c.leave()
 	var s cma.SockAddr
 	var err error
 	if src.IsValid() {
@@ -369,6 +403,7 @@ func (c *ID) ResolveRoute(timeout time.Duration) error {
 	if err := c.needDevice("rdma_resolve_route", "resolve the address first (ResolveAddr, then its ADDR_RESOLVED)"); err != nil {
 		return err
 	}
+	defer c.leave()
 	if err := c.h.ResolveRoute(int(timeout.Milliseconds())); err != nil {
 		return c.fail("rdma_resolve_route", err)
 	}
@@ -378,9 +413,10 @@ func (c *ID) ResolveRoute(timeout time.Duration) error {
 // Listen listens for connect requests on the bound address (rdma_listen);
 // each comes as a CONNECT_REQUEST event whose ID is the request's own id.
 func (c *ID) Listen(backlog int) error {
-	if err := c.refuse("rdma_listen"); err != nil {
+	if err := c.enter("rdma_listen"); err != nil {
 		return err
 	}
+	defer c.leave()
 	if err := c.h.Listen(backlog); err != nil {
 		return c.fail("rdma_listen", err)
 	}
@@ -393,12 +429,37 @@ func (c *ID) Listen(backlog int) error {
 // answers. On a UD id this is a SIDR request, answered by ESTABLISHED with
 // the peer's QP number, qkey and address vector.
 func (c *ID) Connect(p ConnParam, privateData []byte) error {
+	if err := c.checkData("rdma_connect", msgConnect, privateData); err != nil {
+		return err
+	}
 	return c.connectOrAccept(false, p, privateData)
 }
 
+// checkData refuses private data the message cannot carry on the id's
+// transport (see MaxConnectDataTCP and the others) with a
+// *PrivateDataError: more is refused by the kernel with a bare EINVAL on
+// InfiniBand and RoCE, and on iWARP lost at the peer.
+func (c *ID) checkData(op string, k messageKind, data []byte) error {
+	if err := c.enter(op); err != nil {
+		return err
+	}
+	defer c.leave()
+	cm := cmUnknown
+	if ctx := c.h.Context(); ctx != nil {
+		cm = cmKindOf(verbs.Transport(ctx.Info.Transport))
+	}
+	if pe := checkPrivateData(cm, c.ps, k, true, data); pe != nil {
+		return c.fail(op, pe)
+	}
+	return nil
+}
+
 // Accept accepts the connect request this id was made for (rdma_accept);
-// ESTABLISHED follows.
+// ESTABLISHED follows on PortSpaceTCP (on PortSpaceUDP nothing does).
 func (c *ID) Accept(p ConnParam, privateData []byte) error {
+	if err := c.checkData("rdma_accept", msgAccept, privateData); err != nil {
+		return err
+	}
 	return c.connectOrAccept(true, p, privateData)
 }
 
@@ -410,6 +471,7 @@ func (c *ID) connectOrAccept(accept bool, p ConnParam, data []byte) error {
 	if err := c.needDevice(op, first); err != nil {
 		return err
 	}
+	defer c.leave()
 	if err := c.h.Connect(accept, cma.ConnParam(p), data); err != nil {
 		return c.fail(op, err)
 	}
@@ -419,23 +481,33 @@ func (c *ID) connectOrAccept(accept bool, p ConnParam, data []byte) error {
 // Reject refuses the connect request this id was made for (rdma_reject),
 // sending privateData.
 func (c *ID) Reject(privateData []byte) error {
-	if err := c.refuse("rdma_reject"); err != nil {
+	if err := c.checkData("rdma_reject", msgReject, privateData); err != nil {
 		return err
 	}
+	return c.reject(privateData)
+}
+
+// reject is Reject for the convenient layer, which checked the data itself.
+func (c *ID) reject(privateData []byte) error {
+	if err := c.enter("rdma_reject"); err != nil {
+		return err
+	}
+	defer c.leave()
 	if err := c.h.Reject(privateData); err != nil {
 		return c.fail("rdma_reject", err)
 	}
 	return nil
 }
 
-// Disconnect ends the connection (rdma_disconnect), which moves the QP to
-// ERR; DISCONNECTED follows. Call it too when the peer's DISCONNECTED
+// Disconnect ends the connection (rdma_disconnect), which moves the QP that
+// CreateQP made to ERR (SQD on iWARP); DISCONNECTED follows. Call it too when the peer's DISCONNECTED
 // arrives: on InfiniBand and RoCE the peer waits for that answer (the
 // DREP) and otherwise gets its DISCONNECTED only after a CM timeout.
 func (c *ID) Disconnect() error {
-	if err := c.refuse("rdma_disconnect"); err != nil {
+	if err := c.enter("rdma_disconnect"); err != nil {
 		return err
 	}
+	defer c.leave()
 	if err := c.h.Disconnect(); err != nil {
 		return c.fail("rdma_disconnect", err)
 	}
@@ -445,9 +517,10 @@ func (c *ID) Disconnect() error {
 // Establish tells the CM that the dialer moved its own QP to RTS after
 // CONNECT_RESPONSE (rdma_establish). InfiniBand and RoCE only.
 func (c *ID) Establish() error {
-	if err := c.refuse("rdma_establish"); err != nil {
+	if err := c.enter("rdma_establish"); err != nil {
 		return err
 	}
+	defer c.leave()
 	if err := c.h.Establish(); err != nil {
 		return c.fail("rdma_establish", err)
 	}
@@ -458,9 +531,10 @@ func (c *ID) Establish() error {
 // state (rdma_init_qp_attr), for a QP the caller moves itself: pass both
 // to verbs.QP.Modify, which checks them before the driver sees them.
 func (c *ID) InitQPAttr(state verbs.QPState) (verbs.QPAttr, verbs.AttrMask, error) {
-	if err := c.refuse("rdma_init_qp_attr"); err != nil {
+	if err := c.enter("rdma_init_qp_attr"); err != nil {
 		return verbs.QPAttr{}, 0, err
 	}
+	defer c.leave()
 	a, mask, err := c.h.InitQPAttr(int(state))
 	if err != nil {
 		oe := c.fail("rdma_init_qp_attr", err)
@@ -473,12 +547,12 @@ func (c *ID) InitQPAttr(state verbs.QPState) (verbs.QPAttr, verbs.AttrMask, erro
 // CreateQP has librdmacm create the connection's QP on pd with init's CQs
 // and capacities (rdma_create_qp); the CM then moves it through its states
 // itself. pd and the CQs must be made on the id's Device. The QP is closed
-// with the id at the latest; SignalAll is not supported here (librdmacm
-// signals only the requests that ask).
+// with the id at the latest.
 func (c *ID) CreateQP(pd *verbs.PD, init verbs.QPInit) (*verbs.QP, error) {
 	if err := c.needDevice("rdma_create_qp", "resolve the address first, or take a CONNECT_REQUEST's id"); err != nil {
 		return nil, err
 	}
+	defer c.leave()
 	if pd == nil || init.SendCQ == nil || init.RecvCQ == nil {
 		return nil, c.fail("rdma_create_qp", fmt.Errorf("%w: a PD, a SendCQ and a RecvCQ are required", syscall.EINVAL))
 	}
@@ -492,14 +566,14 @@ func (c *ID) CreateQP(pd *verbs.PD, init verbs.QPInit) (*verbs.QP, error) {
 		oe.Hint = "allocate them on ID.Device(), librdmacm's context (a context from verbs.Open is another one)"
 		return nil, oe
 	}
-	qp, err := c.h.CreateQP(p, s, r, int(init.Type), vbridge.QPCap(init.Cap))
+	qp, err := c.h.CreateQP(p, s, r, int(init.Type), vbridge.QPCap(init.Cap), init.SignalAll)
 	if err != nil {
 		return nil, c.fail("rdma_create_qp", err)
 	}
 	q := vbridge.AdoptQP(pd, qp, int(init.Type)).(*verbs.QP)
-	c.mu.Lock()
+	c.qpMu.Lock()
 	c.qp = q
-	c.mu.Unlock()
+	c.qpMu.Unlock()
 	return q, nil
 }
 
@@ -515,9 +589,10 @@ func (c *ID) LeaveMulticast(group netip.Addr) error {
 }
 
 func (c *ID) multicast(op string, group netip.Addr, call func(netip.Addr, uint32) error) error {
-	if err := c.refuse(op); err != nil {
+	if err := c.enter(op); err != nil {
 		return err
 	}
+	defer c.leave()
 	sa, err := sockaddrOf(netip.AddrPortFrom(group, 0))
 	if err == nil {
 		err = call(sa.AP.Addr(), sa.Scope)

@@ -172,7 +172,7 @@ func TestIDRefusals(t *testing.T) {
 		assert.ErrorIs(t, err, syscall.EINVAL, "no route before an address (librdmacm would crash)")
 		assert.ErrorContains(t, err, "rdma_resolve_route")
 		assert.ErrorIs(t, id.Connect(rdmacm.ConnParam{}, nil), syscall.EINVAL, "no connect before a route (likewise)")
-		assert.ErrorIs(t, id.Accept(rdmacm.ConnParam{}, nil), syscall.EINVAL, "no accept on an id of no request (likewise)")
+		assert.ErrorIs(t, id.Accept(rdmacm.ConnParam{}, nil), syscall.EINVAL, "no accept on an unbound id (likewise)")
 		_, _, err = id.InitQPAttr(verbs.QPStateRTR)
 		assert.ErrorContains(t, err, "rdma_init_qp_attr")
 
@@ -295,4 +295,49 @@ func TestDialBadInput(t *testing.T) {
 	assert.ErrorContains(t, err, "nowhere")
 	_, err = rdmacm.Dial(ctx, "10.0.0.1:1", &rdmacm.Options{PrivateData: make([]byte, 1000)})
 	assert.ErrorIs(t, err, rdmacm.ErrPrivateDataTooLong)
+}
+
+// The thin layer passes private data through as it is, but refuses what
+// the message cannot carry on the id's transport, before the wire: on
+// RoCE the kernel would refuse it with a bare EINVAL, on iWARP siw sends
+// it and the peer loses it.
+func TestIDRefusesPrivateDataPastTheLimit(t *testing.T) {
+	forEachDevice(t, func(t *testing.T, d device) {
+		checkNoLeaks(t)
+		ctx := ctxFor(t, 20*time.Second)
+		connectMax, rejectMax := rdmacm.MaxConnectDataTCP, rdmacm.MaxRejectDataTCP
+		if d.iwarp {
+			connectMax, rejectMax = rdmacm.MaxPrivateDataIWARP, rdmacm.MaxPrivateDataIWARP
+		}
+		dst := netip.MustParseAddrPort(d.at(port()))
+		l, err := rdmacm.NewID(rdmacm.PortSpaceTCP)
+		require.NoError(t, err)
+		defer l.Close()
+		require.NoError(t, l.Bind(dst))
+		require.NoError(t, l.Listen(4))
+
+		c, err := rdmacm.NewID(rdmacm.PortSpaceTCP)
+		require.NoError(t, err)
+		defer c.Close()
+		require.NoError(t, c.ResolveAddr(netip.Addr{}, dst, 2*time.Second))
+		event(t, ctx, c, rdmacm.EventAddrResolved)
+		require.NoError(t, c.ResolveRoute(2*time.Second))
+		event(t, ctx, c, rdmacm.EventRouteResolved)
+		idQP(t, c)
+		param := rdmacm.ConnParam{RetryCount: 7, RNRRetryCount: 7}
+		err = c.Connect(param, make([]byte, connectMax+1))
+		require.ErrorIs(t, err, rdmacm.ErrPrivateDataTooLong)
+		var pe *rdmacm.PrivateDataError
+		require.ErrorAs(t, err, &pe)
+		assert.Equal(t, connectMax, pe.Limit)
+		require.NoError(t, c.Connect(param, make([]byte, connectMax)), "at the limit")
+
+		req := event(t, ctx, l, rdmacm.EventConnectRequest)
+		defer req.ID.Close()
+		assert.ErrorIs(t, req.ID.Reject(make([]byte, rejectMax+1)), rdmacm.ErrPrivateDataTooLong)
+		want := bytes.Repeat([]byte{7}, rejectMax)
+		require.NoError(t, req.ID.Reject(want), "the request is still pending")
+		ev := event(t, ctx, c, rdmacm.EventRejected)
+		assert.True(t, bytes.HasPrefix(ev.PrivateData, want), "the reject carries what was sent")
+	})
 }

@@ -2,6 +2,7 @@ package rdmacm
 
 import (
 	"errors"
+	"fmt"
 	"syscall"
 	"testing"
 
@@ -32,5 +33,8 @@ func TestEventErrSaysWhatFailed(t *testing.T) {
 		EventConnectError: ErrConnect, EventMulticastError: ErrConnect, EventDeviceRemoval: ErrDeviceRemoved} {
 		assert.ErrorIs(t, (&Event{Type: typ, Status: -5}).Err(), kind, "%v", typ)
 	}
-	assert.ErrorIs(t, (&Event{Type: eventChannelFailed, err: errors.New("x")}).Err(), ErrEventChannel)
+	assert.ErrorIs(t, (&Event{Type: eventChannelFailed, err: fmt.Errorf("%w: x", ErrEventChannel)}).Err(), ErrEventChannel)
+
+	// A SIDR reject (PS_UDP) comes as UNREACHABLE, status 2.
+	assert.ErrorIs(t, (&Event{Type: EventUnreachable, Status: 2, UD: true}).Err(), ErrRejected)
 }

@@ -128,7 +128,7 @@ func (l *Listener) Request(ctx context.Context) (*ConnRequest, error) {
 	case <-l.closed:
 		return nil, &OpError{Op: "accept", Local: l.addr, Err: ErrClosed}
 	case <-l.id.ch.failed:
-		return nil, &OpError{Op: "accept", Local: l.addr, Kind: ErrEventChannel, Err: l.id.ch.failure()}
+		return nil, &OpError{Op: "accept", Local: l.addr, Err: l.id.ch.failure()}
 	case <-ctx.Done():
 		return nil, &OpError{Op: "accept", Local: l.addr, Err: ctx.Err()}
 	}
@@ -210,7 +210,7 @@ func (r *ConnRequest) Reject(privateData []byte) error {
 		return r.closedError("reject")
 	}
 	defer r.id.Close()
-	if err := r.id.Reject(encodePrivateData(r.l.opts.RawPrivateData, 0, privateData)); err != nil {
+	if err := r.id.reject(encodePrivateData(r.l.opts.RawPrivateData, 0, privateData)); err != nil {
 		return &OpError{Op: "reject", Local: r.Local, Remote: r.Remote, Device: r.Device, Port: r.Port, Err: cause(err)}
 	}
 	return nil
@@ -249,7 +249,7 @@ func (r *ConnRequest) refuse(why Refusal) {
 	if !r.l.opts.RawPrivateData {
 		data = encodeRefusal(why)
 	}
-	r.id.Reject(data) // nothing to do if it fails: the dialer times out
+	r.id.reject(data) // nothing to do if it fails: the dialer times out
 }
 
 // Accept accepts the request with privateData and waits for the
@@ -311,7 +311,7 @@ func (e *endpoint) accept(ctx context.Context, r *ConnRequest, privateData []byt
 		return nil, e.failEvent("accept", peerGone(ev.Type), ev)
 	}
 	if err := e.prepare(); err != nil {
-		e.id.Reject(nil)
+		e.id.reject(nil)
 		if ev := e.id.poll(); ev != nil { // the reason the CM refused
 			return nil, e.failEvent("accept", peerGone(ev.Type), ev)
 		}
@@ -322,29 +322,29 @@ func (e *endpoint) accept(ctx context.Context, r *ConnRequest, privateData []byt
 		return nil, err
 	}
 	if err := e.checkMode(); err != nil {
-		e.id.Reject(nil)
+		e.id.reject(nil)
 		return nil, err
 	}
 	p := ConnParam{RNRRetryCount: orSeven(o.RNRRetryCount)}
 	if err := e.rdAtomic(&p, &r.Param); err != nil {
-		e.id.Reject(nil)
+		e.id.reject(nil)
 		return nil, err
 	}
 	if o.Mode == ModeManual {
 		p.QPNum = e.res.qp.QPN
 		if o.QPType != verbs.QPTypeUD {
 			if err := e.move(verbs.QPStateRTR, r.peerMTU); err != nil {
-				e.id.Reject(nil)
+				e.id.reject(nil)
 				return nil, err
 			}
 			if err := e.move(verbs.QPStateRTS, 0); err != nil {
-				e.id.Reject(nil)
+				e.id.reject(nil)
 				return nil, err
 			}
 		}
 	}
 	if err := e.beforeConnect(); err != nil {
-		e.id.Reject(nil)
+		e.id.reject(nil)
 		return nil, err
 	}
 	data := encodePrivateData(o.RawPrivateData, e.localMTU(), privateData)

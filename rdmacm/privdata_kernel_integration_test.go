@@ -151,11 +151,11 @@ func TestKernelRejectLimit(t *testing.T) {
 		_, r, dialed := k.listenRequest(t, ctx)
 		r.claim()
 		defer r.id.Close()
-		err := r.id.Reject(over)
+		err := r.id.reject(over)
 		if k.cm == cmIB {
 			require.ErrorIs(t, err, syscall.EINVAL, "the IB CM refuses %d bytes", limit+1)
 			// Nothing was sent: the request is still pending.
-			require.NoError(t, r.id.Reject(at))
+			require.NoError(t, r.id.reject(at))
 			k.requireRejected(t, <-dialed, at)
 			return
 		}
@@ -165,7 +165,7 @@ func TestKernelRejectLimit(t *testing.T) {
 		_, r, dialed = k.listenRequest(t, ctx)
 		r.claim()
 		defer r.id.Close()
-		require.NoError(t, r.id.Reject(at))
+		require.NoError(t, r.id.reject(at))
 		k.requireRejected(t, <-dialed, at)
 	})
 }

@@ -453,7 +453,11 @@ func (e *endpoint) beforeConnect() error {
 		return nil
 	}
 	if err := e.o.BeforeConnect(e.early()); err != nil {
-		return e.fail("BeforeConnect", nil, err)
+		step := "set up before connecting" // Options.BeforeConnect
+		if e.op == "accept" {
+			step = "set up before accepting" // and ConnRequest.AcceptWith's setup
+		}
+		return e.fail(step, nil, err)
 	}
 	return nil
 }

@@ -115,14 +115,16 @@ static int rdmago_addr(const struct sockaddr *sa, uint8_t *ip, uint16_t *port, u
 static const struct sockaddr *rdmago_local(struct rdma_cm_id *id) { return rdma_get_local_addr(id); }
 static const struct sockaddr *rdmago_peer(struct rdma_cm_id *id) { return rdma_get_peer_addr(id); }
 
-static int rdmago_connect(struct rdma_cm_id *id, int accept, const void *pd, int pdlen, uint8_t rr, uint8_t depth,
-		uint8_t retry, uint8_t rnr, uint32_t qpn) {
+static int rdmago_connect(struct rdma_cm_id *id, int accept, const void *pd, uint8_t pdlen, uint8_t rr, uint8_t depth,
+		uint8_t fc, uint8_t retry, uint8_t rnr, uint8_t srq, uint32_t qpn) {
 	struct rdma_conn_param p;
 	memset(&p, 0, sizeof(p));
 	p.private_data = pdlen ? pd : NULL;
 	p.private_data_len = pdlen;
 	p.responder_resources = rr;
 	p.initiator_depth = depth;
+	p.flow_control = fc;
+	p.srq = srq;
 	p.retry_count = retry;
 	p.rnr_retry_count = rnr;
 	p.qp_num = qpn;
@@ -130,7 +132,7 @@ static int rdmago_connect(struct rdma_cm_id *id, int accept, const void *pd, int
 }
 
 static int rdmago_create_qp(struct rdma_cm_id *id, struct ibv_pd *pd, struct ibv_cq *scq, struct ibv_cq *rcq,
-		int type, uint32_t swr, uint32_t rwr, uint32_t ssge, uint32_t rsge, uint32_t inl) {
+		int type, uint32_t swr, uint32_t rwr, uint32_t ssge, uint32_t rsge, uint32_t inl, int sig_all) {
 	struct ibv_qp_init_attr a;
 	memset(&a, 0, sizeof(a));
 	a.send_cq = scq;
@@ -141,6 +143,7 @@ static int rdmago_create_qp(struct rdma_cm_id *id, struct ibv_pd *pd, struct ibv
 	a.cap.max_send_sge = ssge;
 	a.cap.max_recv_sge = rsge;
 	a.cap.max_inline_data = inl;
+	a.sq_sig_all = sig_all;
 	return rdma_create_qp(id, pd, &a);
 }
 
@@ -155,11 +158,19 @@ import "C"
 import (
 	"errors"
 	"net/netip"
+	"sync"
 	"syscall"
 	"unsafe"
 
 	"github.com/rdmago/rdmago/internal/ibv"
 )
+
+func cbool(b bool) C.uint8_t {
+	if b {
+		return 1
+	}
+	return 0
+}
 
 func errnoOf(err error) error {
 	var en syscall.Errno
@@ -173,6 +184,12 @@ func errnoOf(err error) error {
 type Channel struct {
 	ch *C.struct_rdma_event_channel
 	ev *C.struct_rdmago_event // the copy-out buffer, C memory
+
+	// qps is held while an event is read and while a QP librdmacm made
+	// is created or destroyed: rdma_get_cm_event moves an id's QP itself
+	// (CONNECT_RESPONSE, REJECTED, MULTICAST_JOIN), which must not meet
+	// rdma_destroy_qp on another thread. Reading an event never blocks.
+	qps sync.Mutex
 }
 
 // NewChannel is rdma_create_event_channel.
@@ -181,7 +198,12 @@ func NewChannel() (*Channel, error) {
 	if ch == nil {
 		return nil, errnoOf(err)
 	}
-	return &Channel{ch: ch, ev: (*C.struct_rdmago_event)(C.calloc(1, C.sizeof_struct_rdmago_event))}, nil
+	ev := (*C.struct_rdmago_event)(C.calloc(1, C.sizeof_struct_rdmago_event))
+	if ev == nil {
+		C.rdma_destroy_event_channel(ch)
+		return nil, syscall.ENOMEM
+	}
+	return &Channel{ch: ch, ev: ev}, nil
 }
 
 // FD is the channel's descriptor, for the poller.
@@ -197,10 +219,13 @@ func (c *Channel) Destroy() {
 // (the descriptor is non-blocking once in the poller).
 func (c *Channel) GetEvent() (Event, bool) {
 	ce := c.ev
-	if C.rdmago_get_event(c.ch, ce) != 0 {
+	c.qps.Lock()
+	got := C.rdmago_get_event(c.ch, ce) == 0
+	c.qps.Unlock()
+	if !got {
 		return Event{}, false
 	}
-	ev := Event{Type: int(ce._type), Status: int(ce.status), UD: ce.ud != 0, Token: uint64(ce.token), ID: &ID{id: ce.id}}
+	ev := Event{Type: int(ce._type), Status: int(ce.status), UD: ce.ud != 0, Token: uint64(ce.token), ID: &ID{id: ce.id, ch: c}}
 	if n := int(ce.pdata_len); n > 0 {
 		ev.PrivateData = C.GoBytes(unsafe.Pointer(&ce.pdata[0]), C.int(n))
 	}
@@ -231,7 +256,10 @@ func Devices() ([]*ibv.Context, error) {
 }
 
 // ID is an rdma_cm_id.
-type ID struct{ id *C.struct_rdma_cm_id }
+type ID struct {
+	id *C.struct_rdma_cm_id
+	ch *Channel
+}
 
 // NewID is rdma_create_id, with token as the id's context.
 func (c *Channel) NewID(token uint64, ps int) (*ID, error) {
@@ -239,7 +267,7 @@ func (c *Channel) NewID(token uint64, ps int) (*ID, error) {
 	if rc, err := C.rdmago_create_id(c.ch, &id, C.uint64_t(token), C.enum_rdma_port_space(ps)); rc != 0 {
 		return nil, errnoOf(err)
 	}
-	return &ID{id}, nil
+	return &ID{id: id, ch: c}, nil
 }
 
 // SetToken sets the id's context.
@@ -364,8 +392,12 @@ func (i *ID) Connect(accept bool, p ConnParam, data []byte) error {
 	if accept {
 		a = 1
 	}
-	if rc, err := C.rdmago_connect(i.id, a, dp, C.int(len(data)), C.uint8_t(p.ResponderResources),
-		C.uint8_t(p.InitiatorDepth), C.uint8_t(p.RetryCount), C.uint8_t(p.RNRRetryCount), C.uint32_t(p.QPNum)); rc != 0 {
+	if len(data) > 255 {
+		return syscall.EINVAL // the length is 8 bits: more would be cut short
+	}
+	if rc, err := C.rdmago_connect(i.id, a, dp, C.uint8_t(len(data)), C.uint8_t(p.ResponderResources),
+		C.uint8_t(p.InitiatorDepth), cbool(p.FlowControl), C.uint8_t(p.RetryCount), C.uint8_t(p.RNRRetryCount),
+		cbool(p.SRQ), C.uint32_t(p.QPNum)); rc != 0 {
 		return errnoOf(err)
 	}
 	return nil
@@ -376,6 +408,9 @@ func (i *ID) Reject(data []byte) error {
 	var dp unsafe.Pointer
 	if len(data) > 0 {
 		dp = unsafe.Pointer(&data[0])
+	}
+	if len(data) > 255 {
+		return syscall.EINVAL // the length is 8 bits: more would be cut short
 	}
 	if rc, err := C.rdma_reject(i.id, dp, C.uint8_t(len(data))); rc != 0 {
 		return errnoOf(err)
@@ -411,15 +446,25 @@ func (i *ID) InitQPAttr(state int) (ibv.QPAttr, uint32, error) {
 
 // CreateQP is rdma_create_qp: librdmacm creates the QP, moves it, and
 // destroys it with rdma_destroy_qp when the returned QP is destroyed.
-func (i *ID) CreateQP(pd *ibv.PD, scq, rcq *ibv.CQ, qpType int, cp ibv.QPCap) (*ibv.QP, error) {
+func (i *ID) CreateQP(pd *ibv.PD, scq, rcq *ibv.CQ, qpType int, cp ibv.QPCap, signalAll bool) (*ibv.QP, error) {
+	sig := C.int(0)
+	if signalAll {
+		sig = 1
+	}
+	i.ch.qps.Lock()
+	defer i.ch.qps.Unlock()
 	rc, err := C.rdmago_create_qp(i.id, (*C.struct_ibv_pd)(pd.Pointer()), (*C.struct_ibv_cq)(scq.Pointer()),
 		(*C.struct_ibv_cq)(rcq.Pointer()), C.int(qpType), C.uint32_t(cp.MaxSendWR), C.uint32_t(cp.MaxRecvWR),
-		C.uint32_t(cp.MaxSendSGE), C.uint32_t(cp.MaxRecvSGE), C.uint32_t(cp.MaxInlineData))
+		C.uint32_t(cp.MaxSendSGE), C.uint32_t(cp.MaxRecvSGE), C.uint32_t(cp.MaxInlineData), sig)
 	if rc != 0 {
 		return nil, errnoOf(err)
 	}
-	id := i.id
-	return ibv.AdoptQP(unsafe.Pointer(id.qp), func() { C.rdma_destroy_qp(id) }), nil
+	id, ch := i.id, i.ch
+	return ibv.AdoptQP(unsafe.Pointer(id.qp), func() {
+		ch.qps.Lock()
+		C.rdma_destroy_qp(id)
+		ch.qps.Unlock()
+	}), nil
 }
 
 // JoinMulticast is rdma_join_multicast.

@@ -48,7 +48,7 @@ func (i *ID) Establish() error                                    { return ibv.E
 func (i *ID) InitQPAttr(state int) (ibv.QPAttr, uint32, error) {
 	return ibv.QPAttr{}, 0, ibv.ErrNoCgo
 }
-func (i *ID) CreateQP(pd *ibv.PD, scq, rcq *ibv.CQ, qpType int, cp ibv.QPCap) (*ibv.QP, error) {
+func (i *ID) CreateQP(pd *ibv.PD, scq, rcq *ibv.CQ, qpType int, cp ibv.QPCap, signalAll bool) (*ibv.QP, error) {
 	return nil, ibv.ErrNoCgo
 }
 func (i *ID) JoinMulticast(group netip.Addr, scope uint32) error  { return ibv.ErrNoCgo }
