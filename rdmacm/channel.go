@@ -31,6 +31,8 @@ type cmHandle interface {
 	DeviceName() string
 	PortNum() int
 	Context() *ibv.Context
+	Transport() (int, bool)
+	ContextKey() uintptr
 	SetOption(name int, v []byte) error
 	Bind(sa cma.SockAddr) error
 	ResolveAddr(src, dst cma.SockAddr, timeoutMS int) error

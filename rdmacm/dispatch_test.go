@@ -308,7 +308,8 @@ func (h *strictHandle) check(call string) {
 	}
 }
 
-func (h *strictHandle) Context() *ibv.Context { h.check("Context"); return nil }
+func (h *strictHandle) Context() *ibv.Context  { h.check("Context"); return nil }
+func (h *strictHandle) Transport() (int, bool) { h.check("Transport"); return 0, false }
 func (h *strictHandle) Disconnect() error {
 	time.Sleep(20 * time.Millisecond) // a slow call, for Close to race
 	h.check("Disconnect")

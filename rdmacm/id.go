@@ -117,9 +117,8 @@ func (e *Event) Err() error {
 		defer e.id.leave()
 		oe = e.id.fail("event", nil)
 		oe.Kind, oe.Event, oe.Status = kind, e.Type.String(), e.Status
-		if ctx := e.id.h.Context(); ctx != nil {
-			iwarp = verbs.Transport(ctx.Info.Transport) == verbs.TransportIWARP
-		}
+		t, bound := e.id.h.Transport()
+		iwarp = bound && verbs.Transport(t) == verbs.TransportIWARP
 	}
 	switch {
 	case kind == ErrRejected:
@@ -175,7 +174,7 @@ func (c *ID) needDevice(op, first string) error {
 	if err := c.enter(op); err != nil {
 		return err
 	}
-	if c.h.Context() == nil {
+	if _, bound := c.h.Transport(); !bound {
 		oe := c.fail(op, fmt.Errorf("%w: the id is bound to no RDMA device", syscall.EINVAL))
 		oe.Hint = first
 		c.leave()
@@ -445,8 +444,8 @@ func (c *ID) checkData(op string, k messageKind, data []byte) error {
 	}
 	defer c.leave()
 	cm := cmUnknown
-	if ctx := c.h.Context(); ctx != nil {
-		cm = cmKindOf(verbs.Transport(ctx.Info.Transport))
+	if t, bound := c.h.Transport(); bound {
+		cm = cmKindOf(verbs.Transport(t))
 	}
 	if pe := checkPrivateData(cm, c.ps, k, true, data); pe != nil {
 		return c.fail(op, pe)
@@ -560,7 +559,7 @@ func (c *ID) CreateQP(pd *verbs.PD, init verbs.QPInit) (*verbs.QP, error) {
 	if p == nil || s == nil || r == nil {
 		return nil, c.fail("rdma_create_qp", fmt.Errorf("%w: the PD or a CQ is closed", syscall.EBADF))
 	}
-	if want := c.h.Context().Key(); contextKey(pd.Device()) != want || contextKey(init.SendCQ.Device()) != want ||
+	if want := c.h.ContextKey(); contextKey(pd.Device()) != want || contextKey(init.SendCQ.Device()) != want ||
 		contextKey(init.RecvCQ.Device()) != want {
 		oe := c.fail("rdma_create_qp", fmt.Errorf("%w: the PD and the CQs must be made on the id's device context", syscall.EINVAL))
 		oe.Hint = "allocate them on ID.Device(), librdmacm's context (a context from verbs.Open is another one)"

@@ -27,6 +27,20 @@ func event(t *testing.T, ctx context.Context, id *rdmacm.ID, want rdmacm.EventTy
 	return ev
 }
 
+// resolved makes an id whose address and route towards dst are resolved;
+// the test closes it.
+func resolved(t *testing.T, ctx context.Context, dst netip.AddrPort) *rdmacm.ID {
+	t.Helper()
+	id, err := rdmacm.NewID(rdmacm.PortSpaceTCP)
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, id.Close()) })
+	require.NoError(t, id.ResolveAddr(netip.Addr{}, dst, 2*time.Second))
+	event(t, ctx, id, rdmacm.EventAddrResolved)
+	require.NoError(t, id.ResolveRoute(2*time.Second))
+	event(t, ctx, id, rdmacm.EventRouteResolved)
+	return id
+}
+
 // idQP makes a CM-moved QP for id on its device, with a PD and a CQ that
 // the test releases after it.
 func idQP(t *testing.T, id *rdmacm.ID) (*verbs.QP, *verbs.CQ, *verbs.PD) {
@@ -217,15 +231,9 @@ func TestIDConnectWithoutListener(t *testing.T) {
 	forEachDevice(t, func(t *testing.T, d device) {
 		checkNoLeaks(t)
 		ctx := ctxFor(t, 20*time.Second)
-		c, err := rdmacm.NewID(rdmacm.PortSpaceTCP)
-		require.NoError(t, err)
-		defer func() { assert.NoError(t, c.Close()) }()
-		require.NoError(t, c.ResolveAddr(netip.Addr{}, netip.MustParseAddrPort(d.at(port())), 2*time.Second))
-		event(t, ctx, c, rdmacm.EventAddrResolved)
-		require.NoError(t, c.ResolveRoute(2*time.Second))
-		event(t, ctx, c, rdmacm.EventRouteResolved)
+		c := resolved(t, ctx, netip.MustParseAddrPort(d.at(port())))
 		idQP(t, c)
-		err = c.Connect(rdmacm.ConnParam{RetryCount: 7, RNRRetryCount: 7}, nil)
+		err := c.Connect(rdmacm.ConnParam{RetryCount: 7, RNRRetryCount: 7}, nil)
 		if d.iwarp && err != nil {
 			assert.ErrorIs(t, err, syscall.ECONNREFUSED)
 			var oe *rdmacm.OpError
@@ -316,13 +324,7 @@ func TestIDRefusesPrivateDataPastTheLimit(t *testing.T) {
 		require.NoError(t, l.Bind(dst))
 		require.NoError(t, l.Listen(4))
 
-		c, err := rdmacm.NewID(rdmacm.PortSpaceTCP)
-		require.NoError(t, err)
-		defer c.Close()
-		require.NoError(t, c.ResolveAddr(netip.Addr{}, dst, 2*time.Second))
-		event(t, ctx, c, rdmacm.EventAddrResolved)
-		require.NoError(t, c.ResolveRoute(2*time.Second))
-		event(t, ctx, c, rdmacm.EventRouteResolved)
+		c := resolved(t, ctx, dst)
 		idQP(t, c)
 		param := rdmacm.ConnParam{RetryCount: 7, RNRRetryCount: 7}
 		err = c.Connect(param, make([]byte, connectMax+1))

@@ -325,6 +325,20 @@ func (i *ID) DeviceName() string {
 // PortNum is the id's port, 0 before it is bound.
 func (i *ID) PortNum() int { return int(i.id.port_num) }
 
+// Transport is the transport of the id's device (enum ibv_transport_type),
+// and false before the id is bound to one: read from the id's memory,
+// without a call into C.
+func (i *ID) Transport() (int, bool) {
+	if i.id.verbs == nil || i.id.verbs.device == nil {
+		return 0, false
+	}
+	return int(i.id.verbs.device.transport_type), true
+}
+
+// ContextKey identifies the id's device context (0 before it is bound),
+// to compare with ibv.Context.Key without a call into C.
+func (i *ID) ContextKey() uintptr { return uintptr(unsafe.Pointer(i.id.verbs)) }
+
 // Context is the id's device context (librdmacm's), nil before it is bound.
 func (i *ID) Context() *ibv.Context {
 	if i.id.verbs == nil {

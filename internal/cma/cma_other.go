@@ -53,3 +53,6 @@ func (i *ID) CreateQP(pd *ibv.PD, scq, rcq *ibv.CQ, qpType int, cp ibv.QPCap, si
 }
 func (i *ID) JoinMulticast(group netip.Addr, scope uint32) error  { return ibv.ErrNoCgo }
 func (i *ID) LeaveMulticast(group netip.Addr, scope uint32) error { return ibv.ErrNoCgo }
+
+func (i *ID) Transport() (int, bool) { return 0, false }
+func (i *ID) ContextKey() uintptr    { return 0 }
