@@ -3,27 +3,22 @@ package rdmacm
 import (
 	"context"
 	"errors"
-	"fmt"
 	"syscall"
 	"time"
 
 	"github.com/rdmago/rdmago/verbs"
 )
 
-// A connector takes a dial through its steps: newConnector (rdma_create_id),
-// ResolveAddr, ResolveRoute, CreateQP and Connect. A step that fails
-// leaves it failed; Close releases what it holds unless Connect handed it
-// to a Conn.
+// A connector takes a dial through its steps, in Dial's order:
+// newConnector (rdma_create_id), ResolveAddr, ResolveRoute, CreateQP and
+// Connect. Close releases what it holds unless Connect handed it to a Conn.
 type connector struct {
-	e    *endpoint
-	next Step  // the step whose method may run next
-	err  error // the failure that ended the dial
+	e *endpoint
 	// background: a failed iWARP connect may still be pending in the
 	// kernel, and destroying the id waits for it; Close releases in the
 	// background so that the caller is not held up.
 	background bool
-	done       bool // Connect returned a Conn, which owns everything
-	closed     bool
+	done       bool // Connect returned a Conn, which owns everything, or Close ran
 }
 
 // newConnector checks opts, parses address ("10.0.0.2:7471",
@@ -50,46 +45,7 @@ func newConnector(address string, opts *Options) (*connector, error) {
 	}
 	o.trace(StepCreateID, start)
 	e := &endpoint{op: "dial", o: &o, id: id, local: addrPort(o.Source), remote: dst}
-	return &connector{e: e, next: StepResolveAddr}, nil
-}
-
-// step admits the call of method, which is step s, or says why not. The
-// error names no device: after Close the id is gone.
-func (c *connector) step(s Step, method string) error {
-	refuse := func(err error) error {
-		return &OpError{Op: method, Local: c.e.local, Remote: c.e.remote, Err: err}
-	}
-	switch {
-	case c.closed:
-		return refuse(ErrClosed)
-	case c.err != nil:
-		return c.err
-	case c.done:
-		return refuse(errors.New("the connector has connected already"))
-	case s != c.next:
-		how := "must come first"
-		if s < c.next {
-			how = "is done already"
-		}
-		return refuse(fmt.Errorf("out of order: %s %s", connectorMethods[min(s, c.next)], how))
-	}
-	return nil
-}
-
-var connectorMethods = map[Step]string{StepResolveAddr: "ResolveAddr", StepResolveRoute: "ResolveRoute",
-	StepCreateQP: "CreateQP", StepConnect: "Connect"}
-
-// finish records the outcome of step s; a failure ends the dial.
-func (c *connector) finish(s Step, err error) error {
-	if err != nil {
-		c.err = err
-		return err
-	}
-	c.next = s + 1
-	if s == StepCreateQP {
-		c.next = StepConnect
-	}
-	return nil
+	return &connector{e: e}, nil
 }
 
 // ResolveAddr applies the id's options (TOS, reuse, ACK timeout) and
@@ -97,48 +53,28 @@ func (c *connector) finish(s Step, err error) error {
 // Options.ResolveAddrTimeout and ResolveRetries. It refuses a mode the
 // device cannot do (UD or ModeManual on iWARP).
 func (c *connector) ResolveAddr(ctx context.Context) error {
-	if err := c.step(StepResolveAddr, "ResolveAddr"); err != nil {
+	if err := c.e.setOptions(); err != nil {
 		return err
 	}
-	e := c.e
-	err := e.setOptions()
-	if err == nil {
-		err = e.resolveAddr(ctx, e.o.Source)
-	}
-	return c.finish(StepResolveAddr, err)
+	return c.e.resolveAddr(ctx, c.e.o.Source)
 }
 
 // ResolveRoute resolves the route to the destination, with
 // Options.ResolveRouteTimeout and ResolveRetries.
-func (c *connector) ResolveRoute(ctx context.Context) error {
-	if err := c.step(StepResolveRoute, "ResolveRoute"); err != nil {
-		return err
-	}
-	return c.finish(StepResolveRoute, c.e.resolveRoute(ctx))
-}
+func (c *connector) ResolveRoute(ctx context.Context) error { return c.e.resolveRoute(ctx) }
 
 // CreateQP makes the PD (unless Options.PD), the CQs and the QP; in
 // ModeManual the QP is taken to INIT. It waits for nothing.
-func (c *connector) CreateQP() error {
-	if err := c.step(StepCreateQP, "CreateQP"); err != nil {
-		return err
-	}
-	return c.finish(StepCreateQP, c.e.prepare())
-}
+func (c *connector) CreateQP() error { return c.e.prepare() }
 
 // Connect sends the connect request with Options.PrivateData, waits up to
 // Options.ConnectTimeout for the peer's answer and returns the connection,
-// which from then on owns every resource (Close on the connector no longer
-// releases anything). Its errors are Dial's.
+// which from then on owns every resource. Its errors are Dial's.
 func (c *connector) Connect(ctx context.Context) (*Conn, error) {
-	if err := c.step(StepConnect, "Connect"); err != nil {
-		return nil, err
-	}
 	conn, err := c.e.connect(ctx)
 	if err != nil {
 		e := c.e
 		c.background = e.iwarp && e.connecting && (ctx.Err() != nil || errors.Is(err, ErrTimeout))
-		c.err = err
 		return nil, err
 	}
 	c.done = true
@@ -151,11 +87,10 @@ func (c *connector) Connect(ctx context.Context) (*Conn, error) {
 // connect that was cancelled or timed out may still be pending in the
 // kernel, which holds up destroying the id for up to about 10 s.
 func (c *connector) Close() error {
-	if c.closed || c.done {
-		c.closed = true
+	if c.done {
 		return nil
 	}
-	c.closed = true
+	c.done = true
 	if c.background || (c.e.iwarp && c.e.connecting) {
 		go c.e.abort()
 		return nil
