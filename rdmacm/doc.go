@@ -1,11 +1,11 @@
 // Package rdmacm connects RDMA endpoints the way package net connects
-// sockets: Dial, Listen and Accept over librdmacm, with contexts, per-step
+// sockets: [Dial], [Listen] and [Listener.Accept] over librdmacm, with contexts, per-step
 // timeouts, private data, reject, and typed errors, on RoCE, InfiniBand and
 // iWARP alike.
 //
 // # Event loop
 //
-// All ids of a process share one event channel, as C programs do (Init
+// All ids of a process share one event channel, as C programs do ([Init]
 // opens it; the first Dial, Listen or JoinMulticast does otherwise). Its
 // descriptor waits in Go's runtime poller, never in a blocking
 // rdma_get_cm_event: rdma-core 44 cannot wake a thread blocked there. One
@@ -21,10 +21,11 @@
 //
 // # Two layers
 //
-// ID is librdmacm's rdma_cm_id, one method per librdmacm call (NewID,
-// Bind, ResolveAddr, ResolveRoute, Listen, Connect, Accept, Reject,
-// Disconnect, InitQPAttr, CreateQP, Establish, JoinMulticast, SetOption),
-// with each id's events read by ID.Event. Programs that set up many
+// [ID] is librdmacm's rdma_cm_id, one method per librdmacm call ([NewID],
+// [ID.Bind], [ID.ResolveAddr], [ID.ResolveRoute], [ID.Listen],
+// [ID.Connect], [ID.Accept], [ID.Reject], [ID.Disconnect],
+// [ID.InitQPAttr], [ID.CreateQP], [ID.Establish], [ID.JoinMulticast],
+// [ID.SetOption]), with each id's events read by [ID.Event]. Programs that set up many
 // connections at once drive it themselves, one step for every connection
 // before the next, as C programs such as cmtime do: every request of a
 // step sent in one loop and every answer awaited in the next, all from one
@@ -34,28 +35,28 @@
 //
 // # Who moves the QP
 //
-// ModeCM (the default) lets librdmacm create and move the QP: it goes to
+// [ModeCM] (the default) lets librdmacm create and move the QP: it goes to
 // RTR and RTS on the peer's reply (dialer) or in rdma_accept (listener).
 // Use it unless you need to see or change the attributes; it is the only
 // mode on iWARP, where the CM and the provider move the QP.
 //
-// ModeManual creates the QP with package verbs and moves it with the
-// attributes rdma_init_qp_attr returns, passed through Options.BeforeModify
+// [ModeManual] creates the QP with package verbs and moves it with the
+// attributes rdma_init_qp_attr returns, passed through [Options].BeforeModify
 // (to adjust timeouts, retry counts, the MTU or the RNR timer) and checked
 // by verbs' transition table before the driver sees them. The path MTU is
 // the smaller of both sides' active MTUs, which rdmago's private data
 // header carries. It works on InfiniBand and RoCE and is refused on iWARP
-// with ErrManualOnIWARP.
+// with [ErrManualOnIWARP].
 //
-// ConnectOverTCP goes beyond the CM: QP data crosses a TCP socket the
+// [ConnectOverTCP] goes beyond the CM: QP data crosses a TCP socket the
 // application already has, and the path (device, port, GID index, GID type,
-// MTU) comes from package resolver.
+// MTU) comes from package [github.com/rdmago/rdmago/resolver].
 //
 // # Private data
 //
 // A connect request, an accept and a reject each carry a little private
 // data, as much as the message allows on the transport (bytes on the wire;
-// the constants MaxConnectDataTCP and the others, whose kernel sources
+// the constants [MaxConnectDataTCP] and the others, whose kernel sources
 // privdata.go cites):
 //
 //	                   connect  accept  reject

@@ -18,11 +18,11 @@ import (
 // ID is an rdma_cm_id: the thin layer, one method per librdmacm call, for
 // programs that drive the CM step by step themselves (many connections set
 // up in bulk, as rdma-core's cmtime does; a protocol of their own on top of
-// the CM). Dial, Listen and the connection types are built on it.
+// the CM). [Dial], [Listen] and the connection types are built on it.
 //
 // The calls that ask the network (ResolveAddr, ResolveRoute, Connect,
 // Accept, Disconnect, JoinMulticast) return once the request is out; the
-// answer comes as an Event. Every ID of the process shares one event
+// answer comes as an [Event]. Every ID of the process shares one event
 // channel, as C programs do, but each has a queue of its own: Event waits
 // for this ID's next event in Go's runtime poller, parking no OS thread,
 // and a slow reader holds up no other ID. Events are acknowledged to
@@ -83,11 +83,11 @@ type Event struct {
 
 // Err is nil for an event that is not a failure, and otherwise an
 // *OpError that says where, with the event, its status and their usual
-// meaning, matching the failure's kind: ErrAddrResolution (ADDR_ERROR),
-// ErrRouteResolution (ROUTE_ERROR), ErrUnreachable, ErrRejected (with a
-// *RejectedError carrying the status and the private data as received),
-// ErrConnect (CONNECT_ERROR, MULTICAST_ERROR), ErrDeviceRemoved or
-// ErrEventChannel.
+// meaning, matching the failure's kind: [ErrAddrResolution] (ADDR_ERROR),
+// [ErrRouteResolution] (ROUTE_ERROR), [ErrUnreachable], [ErrRejected] (with a
+// [*RejectedError] carrying the status and the private data as received),
+// [ErrConnect] (CONNECT_ERROR, MULTICAST_ERROR), [ErrDeviceRemoved] or
+// [ErrEventChannel].
 func (e *Event) Err() error {
 	var kind error
 	switch e.Type {
