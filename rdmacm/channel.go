@@ -146,7 +146,7 @@ func Init() error {
 
 // OpenDevice returns librdmacm's context for the named RDMA device: the one
 // the QPs of its connections are created on, so that a PD allocated on it
-// can be Options.PD. The first call has librdmacm open every device on the
+// can be ConnConfig.PD. The first call has librdmacm open every device on the
 // host (a descriptor or two each), which it keeps for the life of the
 // process; Close on the Device does nothing.
 func OpenDevice(name string) (*verbs.Device, error) {

@@ -15,8 +15,9 @@ import (
 	"github.com/rdmago/rdmago/verbs"
 )
 
-// Path describes the connection as the CM set it up.
-type Path struct {
+// Route describes a connection's path as the CM set it up (librdmacm's
+// rdma_route): addresses, device and port, kind of RDMA, GID and MTU.
+type Route struct {
 	Local, Remote netip.AddrPort
 	Device        string
 	Port          int
@@ -38,7 +39,7 @@ type Path struct {
 
 // String reads like "10.0.0.1:41618 -> 10.0.0.2:7471 on rxe0 port 1
 // (RoCE v2, CM-managed), GID index 1, MTU 1024".
-func (p Path) String() string {
+func (p Route) String() string {
 	s := fmt.Sprintf("%v -> %v on %s port %d (%s, %v)", p.Local, p.Remote, p.Device, p.Port, p.kindName(), p.Mode)
 	if p.GIDIndex >= 0 {
 		s += fmt.Sprintf(", GID index %d", p.GIDIndex)
@@ -56,45 +57,39 @@ type UDPeer struct {
 	QKey uint32
 }
 
-// Conn is an established connection: a QP with its CQs and PD, ready for
-// work requests. The QP, CQs and PD are there for direct use with package
-// verbs; Send, Recv, Write and Read cover the simple cases.
+// conn is what every kind of connection (Conn, UDConn, MulticastConn) is
+// made of: a QP with its CQs and PD, the CM id that set it up, and the
+// helpers that post on it and wait. Each kind embeds it and adds the
+// methods that apply to it.
 //
-// Every method may be called from several goroutines at once. Send,
-// Write, Read and SendTo post one request and wait for its completion on
-// the send CQ, which one of them at a time does: concurrent calls take
-// turns, each returning when its own request has completed (for requests
-// in flight together, post on QP and poll SendCQ yourself). Recv likewise
-// hands each receive completion to one caller. PostRecv, RegisterMemory
-// and the accessors do not wait, and a sender, a receiver and PostRecv
-// run side by side: the usual server has one goroutine in Recv (posting
-// the next receive) while others Send. Close, from any goroutine, first
-// wakes the calls still waiting (they fail with ErrEnded) and then
+// Every method may be called from several goroutines at once. The
+// senders (Send, RDMAWrite, RDMARead, SendTo) post one request and wait
+// for its completion on the send CQ, which one of them at a time does:
+// concurrent calls take turns, each returning when its own request has
+// completed. Recv likewise hands each receive completion to one caller.
+// PostRecv, RegisterMemory and the accessors do not wait, and a sender, a
+// receiver and PostRecv run side by side. Close, from any goroutine,
+// first wakes the calls still waiting (they fail with ErrEnded) and then
 // releases what they used.
-//
-// The helpers own the connection's CQs: while one waits, do not poll the
-// same CQ yourself, or the completions are split between you. Receives
-// you post on QP directly, with IDs of your own, complete through Recv
-// too. Which buffer a receive completion belongs to: see PostRecv.
-type Conn struct {
-	QP     *verbs.QP
-	SendCQ *verbs.CQ
-	RecvCQ *verbs.CQ
-	PD     *verbs.PD
-	Device *verbs.Device
+type conn struct {
+	qp  *verbs.QP
+	scq *verbs.CQ
+	rcq *verbs.CQ
+	pd  *verbs.PD
+	dev *verbs.Device
 
-	path Path
-	// pathMu guards the part of path that Path fills in on first use.
+	path Route
+	// pathMu guards the part of path that Route fills in on first use.
 	pathMu    sync.Mutex
 	pathKnown bool
 	peerData  []byte
 	peer      UDPeer     // UD: the dialed peer, or the multicast group
 	group     netip.Addr // multicast: the group joined
-	opts      Options
+	opts      settings
 
-	id  *ID // nil for ConnectOverTCP
+	id  *ID // nil for a connection made by package oob
 	res *resources
-	// ConnectOverTCP: the socket the QP data crossed, kept as liveness signal.
+	// oob: the socket the QP data crossed, kept as liveness signal.
 	tcp     net.Conn
 	tcpDone chan struct{}
 
@@ -132,8 +127,19 @@ type Conn struct {
 	released bool
 }
 
+// QP, SendCQ, RecvCQ, PD and Device are the connection's verbs objects,
+// for work requests the helpers do not cover: post on QP and poll the
+// CQs yourself (but not while a helper waits on the same CQ, or the
+// completions are split between you). Close releases them, except those
+// the ConnConfig lent.
+func (c *conn) QP() *verbs.QP         { return c.qp }
+func (c *conn) SendCQ() *verbs.CQ     { return c.scq }
+func (c *conn) RecvCQ() *verbs.CQ     { return c.rcq }
+func (c *conn) PD() *verbs.PD         { return c.pd }
+func (c *conn) Device() *verbs.Device { return c.dev }
+
 // kindName is the kind of RDMA, with the RoCE version.
-func (p Path) kindName() string {
+func (p Route) kindName() string {
 	switch p.Kind {
 	case verbs.KindRoCE:
 		if p.GIDIndex >= 0 {
@@ -145,11 +151,11 @@ func (p Path) kindName() string {
 	return p.Kind.String()
 }
 
-// Path is the connection's addresses, device, port, kind of RDMA (RoCE v1
-// or v2, InfiniBand, iWARP), GID index and MTU. On RoCE and InfiniBand the
+// Route is the connection's addresses, device, port, kind of RDMA (RoCE
+// v1 or v2, InfiniBand, iWARP), GID index and MTU. On RoCE and InfiniBand the
 // first call once the connection is up reads the source GID's type from
 // the device: setup itself never needs it.
-func (c *Conn) Path() Path {
+func (c *conn) Route() Route {
 	c.pathMu.Lock()
 	defer c.pathMu.Unlock()
 	if !c.pathKnown {
@@ -161,15 +167,15 @@ func (c *Conn) Path() Path {
 // learnGIDType fills in the Kind and GIDType of a CM connection's path from
 // its source GID entry. It reports false while there is nothing to go by
 // yet: BeforeConnect's Conn has no GID index.
-func (c *Conn) learnGIDType() bool {
+func (c *conn) learnGIDType() bool {
 	p := &c.path
 	switch {
 	case p.Kind == verbs.KindIWARP:
 		return true
-	case p.GIDIndex < 0 || c.Device == nil:
+	case p.GIDIndex < 0 || c.dev == nil:
 		return false
 	}
-	e, err := c.Device.QueryGID(p.Port, p.GIDIndex)
+	e, err := c.dev.QueryGID(p.Port, p.GIDIndex)
 	if err != nil {
 		return true // the device is gone: Path says what it knows
 	}
@@ -181,34 +187,26 @@ func (c *Conn) learnGIDType() bool {
 	return true
 }
 
-// LocalAddr and RemoteAddr are the connection's IP addresses and ports.
-func (c *Conn) LocalAddr() netip.AddrPort  { return c.path.Local }
-func (c *Conn) RemoteAddr() netip.AddrPort { return c.path.Remote }
-
-// PeerPrivateData is what the peer sent with its connect request (on the
-// accepting side) or its accept (on the dialing side).
-func (c *Conn) PeerPrivateData() []byte { return c.peerData }
-
-// Peer is the UD endpoint the dialing side resolved (UD only).
-func (c *Conn) Peer() UDPeer { return c.peer }
+// LocalAddr is the connection's local IP address and port.
+func (c *conn) LocalAddr() netip.AddrPort { return c.path.Local }
 
 // Done is closed when the connection ends: the peer disconnected (or its
 // process exited), the device went away, the local address moved, or
 // Disconnect or Close was called. Err then says which.
 //
 // From then on every call that uses the connection (Send, Recv, PostRecv,
-// Write, Read, SendTo, ReplyTo, RegisterMemory) fails at once, and one
+// RDMAWrite, RDMARead, SendTo, ReplyTo, RegisterMemory) fails at once, and one
 // waiting when it ends returns at once, with an error that matches
 // ErrEnded and wraps Err. Recv first returns the completions already
 // there: messages that arrived before the end, then the receives the end
 // flushed (see Recv). Disconnect returns nil, as there is nothing left to
 // end; Close is still needed to release the connection.
-func (c *Conn) Done() <-chan struct{} { return c.done }
+func (c *conn) Done() <-chan struct{} { return c.done }
 
 // Err is nil while the connection is up, then the reason it ended. It
 // matches ErrEnded, and the reason: errors.Is with ErrDisconnected,
 // ErrDeviceRemoved, ErrAddrChanged or ErrClosed.
-func (c *Conn) Err() error {
+func (c *conn) Err() error {
 	select {
 	case <-c.done:
 		return c.err
@@ -220,7 +218,7 @@ func (c *Conn) Err() error {
 // end records why the connection ended, once, and flushes the QP: work
 // requests still posted complete with WR_FLUSH_ERR instead of hanging.
 // It wakes the calls waiting on the connection.
-func (c *Conn) end(kind error, ev *Event) {
+func (c *conn) end(kind error, ev *Event) {
 	c.doneOnce.Do(func() {
 		cause := kind
 		if ev != nil && ev.Type == eventChannelFailed {
@@ -232,8 +230,8 @@ func (c *Conn) end(kind error, ev *Event) {
 			e.Event, e.Status = ev.Type.String(), ev.Status
 		}
 		c.err = e
-		if c.QP != nil && c.QP.Type != verbs.QPTypeUD {
-			c.QP.Modify(&verbs.QPAttr{State: verbs.QPStateErr}, verbs.AttrState)
+		if c.qp != nil && c.qp.Type != verbs.QPTypeUD {
+			c.qp.Modify(&verbs.QPAttr{State: verbs.QPStateErr}, verbs.AttrState)
 		}
 		close(c.done)
 		c.endMu.Lock()
@@ -263,7 +261,7 @@ func endHint(kind error, disconnecting bool) string {
 }
 
 // ended reports whether the connection has ended.
-func (c *Conn) ended() bool {
+func (c *conn) ended() bool {
 	select {
 	case <-c.done:
 		return true
@@ -274,12 +272,12 @@ func (c *Conn) ended() bool {
 
 // endedError is op's error on a connection that has ended: Err, which
 // says why and matches ErrEnded, in op's place.
-func (c *Conn) endedError(op string) error {
+func (c *conn) endedError(op string) error {
 	return c.opError(op, nil, c.err)
 }
 
 // endContext is a context that the end of the connection cancels.
-func (c *Conn) endContext() context.Context {
+func (c *conn) endContext() context.Context {
 	c.endMu.Lock()
 	defer c.endMu.Unlock()
 	if c.endCtx == nil {
@@ -296,7 +294,7 @@ func (c *Conn) endContext() context.Context {
 // polls once more, for a completion that came with it, and otherwise
 // fails with the ended error. The caller holds the CQ's lock (sendMu or
 // recvMu) and has checked released.
-func (c *Conn) pollWait(ctx context.Context, op string, cq *verbs.CQ, wcs []verbs.WorkCompletion) (int, error) {
+func (c *conn) pollWait(ctx context.Context, op string, cq *verbs.CQ, wcs []verbs.WorkCompletion) (int, error) {
 	var n int
 	var err error
 	if ctx.Done() == nil {
@@ -323,7 +321,7 @@ func (c *Conn) pollWait(ctx context.Context, op string, cq *verbs.CQ, wcs []verb
 // onEvent handles the events of an established connection. ESTABLISHED
 // repeats and TIMEWAIT_EXIT (the QP may be reused) need nothing: the
 // dispatcher has acked them already.
-func (c *Conn) onEvent(ev *Event) {
+func (c *conn) onEvent(ev *Event) {
 	switch ev.Type {
 	case EventDisconnected:
 		// Answer the peer's disconnect now: on InfiniBand and RoCE its
@@ -343,29 +341,24 @@ func (c *Conn) onEvent(ev *Event) {
 	}
 }
 
-func (c *Conn) opError(op string, kind, err error) *OpError {
+func (c *conn) opError(op string, kind, err error) *OpError {
 	return &OpError{Op: op, Local: c.path.Local, Remote: c.path.Remote, Device: c.path.Device, Port: c.path.Port,
-		QPN: c.QP.QPN, Kind: kind, Err: cause(err)}
+		QPN: c.qp.QPN, Kind: kind, Err: cause(err)}
 }
 
-// Disconnect ends the connection without releasing it: it sends a
-// disconnect and waits until the CM reports the end, up to CloseTimeout or
-// ctx.
-// The QP is then in the error state, its posted work requests flushed, and
-// Done is closed. It returns nil if the connection had ended already.
-// Close, which disconnects too, is still needed. A UD connection, or one
-// made by ConnectOverTCP, has no CM connection to end: Disconnect just
-// ends it here (ConnectOverTCP's by closing its socket).
-func (c *Conn) Disconnect(ctx context.Context) error {
+// disconnectWait is Conn.Disconnect: UD connections, and those that
+// package oob made, have no CM connection to end and just end here
+// (the latter by closing the socket).
+func (c *conn) disconnectWait(ctx context.Context) error {
 	c.disconnectOnce.Do(func() { c.disconnectErr = c.disconnect(ctx) })
 	return c.disconnectErr
 }
 
 // startDisconnect sends the disconnect; Done closes when the CM reports
-// the end. UD and ConnectOverTCP connections end here at once.
-func (c *Conn) startDisconnect() error {
-	if c.tcp != nil || c.QP.Type == verbs.QPTypeUD {
-		return c.Disconnect(context.Background())
+// the end. UD connections and oob's end here at once.
+func (c *conn) startDisconnect() error {
+	if c.tcp != nil || c.qp.Type == verbs.QPTypeUD {
+		return c.disconnectWait(context.Background())
 	}
 	c.sendDisconnectOnce.Do(func() { c.sendDisconnectErr = c.sendDisconnect() })
 	return c.sendDisconnectErr
@@ -373,7 +366,7 @@ func (c *Conn) startDisconnect() error {
 
 // sendDisconnect is rdma_disconnect; disconnectSent records when it went
 // out, and stays zero when there was nothing to end.
-func (c *Conn) sendDisconnect() error {
+func (c *conn) sendDisconnect() error {
 	select {
 	case <-c.done:
 		return nil
@@ -394,7 +387,7 @@ func (c *Conn) sendDisconnect() error {
 	return nil
 }
 
-func (c *Conn) disconnect(ctx context.Context) error {
+func (c *conn) disconnect(ctx context.Context) error {
 	if c.tcp != nil {
 		c.end(ErrClosed, nil) // before the watcher sees its own close as the peer's
 		c.tcp.Close()
@@ -403,7 +396,7 @@ func (c *Conn) disconnect(ctx context.Context) error {
 		}
 		return nil
 	}
-	if c.QP.Type == verbs.QPTypeUD {
+	if c.qp.Type == verbs.QPTypeUD {
 		c.end(ErrClosed, nil)
 		return nil
 	}
@@ -428,15 +421,17 @@ func (c *Conn) disconnect(ctx context.Context) error {
 	}
 }
 
-// Close disconnects (see Disconnect), and releases the QP, MRs made with
-// RegisterMemory, CQs, PD and the CM id, in that order. A disconnect that
+// Close ends the connection (a reliable connection's with a disconnect,
+// see Conn.Disconnect; a multicast membership by leaving the group) and
+// releases the QP, MRs made with RegisterMemory, CQs, PD and the CM id,
+// in that order. A disconnect that
 // gets no answer within CloseTimeout does not stop the release; Close
 // reports only what releasing the objects reported. Calls waiting on the
 // connection in other goroutines return (with ErrEnded) before anything
 // is released.
-func (c *Conn) Close() error {
+func (c *conn) Close() error {
 	c.closeOnce.Do(func() {
-		c.Disconnect(context.Background())
+		c.disconnectWait(context.Background())
 		if c.group.IsValid() {
 			c.id.LeaveMulticast(c.group)
 		}
@@ -465,13 +460,13 @@ func (c *Conn) Close() error {
 // RegisterMemory registers size bytes of memory outside the Go heap for the
 // connection's PD; Close releases it. A receive (PostRecv) or an RDMA READ
 // (Read) into it needs verbs.AccessLocalWrite.
-func (c *Conn) RegisterMemory(size int, access verbs.AccessFlags) (*verbs.MR, error) {
+func (c *conn) RegisterMemory(size int, access verbs.AccessFlags) (*verbs.MR, error) {
 	c.mrMu.Lock()
 	defer c.mrMu.Unlock()
 	if c.ended() {
 		return nil, c.endedError("register memory")
 	}
-	mr, err := c.PD.RegisterMemory(size, access)
+	mr, err := c.pd.RegisterMemory(size, access)
 	if err != nil {
 		return nil, err
 	}
@@ -483,7 +478,7 @@ func (c *Conn) RegisterMemory(size int, access verbs.AccessFlags) (*verbs.MR, er
 // later, in a failed completion: a range outside mr or, when the device
 // writes into it (a receive, an RDMA READ), memory registered without
 // local write access.
-func (c *Conn) checkLocal(op string, mr *verbs.MR, off, n int, deviceWrites bool) error {
+func (c *conn) checkLocal(op string, mr *verbs.MR, off, n int, deviceWrites bool) error {
 	if mr == nil {
 		return c.opError(op, nil, errors.New("the memory region is nil"))
 	}
@@ -522,10 +517,10 @@ func RemoteBufferOf(mr *verbs.MR, off, n int) RemoteBuffer {
 //
 // A range outside mr, and memory that RegisterMemory registered without
 // verbs.AccessLocalWrite, are refused here rather than failing when a
-// message arrives. The receive queue holds Options.Cap.MaxRecvWR
+// message arrives. The receive queue holds ConnConfig.Cap.MaxRecvWR
 // receives (or a few more, as the device rounds it up): each keeps its
 // slot until Recv takes its completion.
-func (c *Conn) PostRecv(mr *verbs.MR, off, n int) error {
+func (c *conn) PostRecv(mr *verbs.MR, off, n int) error {
 	const op = "post receive"
 	if c.ended() {
 		return c.endedError(op)
@@ -533,7 +528,7 @@ func (c *Conn) PostRecv(mr *verbs.MR, off, n int) error {
 	if err := c.checkLocal(op, mr, off, n, true); err != nil {
 		return err
 	}
-	err := c.QP.PostRecv(verbs.RecvWR{ID: mr.Addr() + uint64(off), SGEs: []verbs.SGE{mr.SGE(off, n)}})
+	err := c.qp.PostRecv(verbs.RecvWR{ID: mr.Addr() + uint64(off), SGEs: []verbs.SGE{mr.SGE(off, n)}})
 	switch {
 	case err == nil:
 		return nil
@@ -542,7 +537,7 @@ func (c *Conn) PostRecv(mr *verbs.MR, off, n int) error {
 	case isENOMEM(err):
 		oe := c.opError(op, nil, &explained{"the receive queue is full (ibv_post_recv: ENOMEM)", []error{syscall.ENOMEM, err}})
 		oe.Hint = fmt.Sprintf("a posted receive keeps its slot until Recv takes its completion; the queue holds "+
-			"Options.Cap.MaxRecvWR receives (%d here; the device may round it up): take completions before "+
+			"ConnConfig.Cap.MaxRecvWR receives (%d here; the device may round it up): take completions before "+
 			"posting more, or raise it", c.opts.Cap.MaxRecvWR)
 		return oe
 	}
@@ -571,7 +566,7 @@ func (e *explained) Unwrap() []error { return e.errs }
 // Recv returns the completions still queued (messages that arrived
 // before the end, then the receives the end flushed, as errors), then
 // fails at once with ErrEnded.
-func (c *Conn) Recv(ctx context.Context) (verbs.WorkCompletion, error) {
+func (c *conn) Recv(ctx context.Context) (verbs.WorkCompletion, error) {
 	if c.opts.RecvCQ != nil {
 		return verbs.WorkCompletion{}, c.sharedCQError("receive", "RecvCQ")
 	}
@@ -583,10 +578,10 @@ func (c *Conn) Recv(ctx context.Context) (verbs.WorkCompletion, error) {
 	var wc [1]verbs.WorkCompletion
 	if c.ended() {
 		// What arrived before the end, and the flushed receives.
-		if n, _ := c.RecvCQ.Poll(wc[:]); n == 0 {
+		if n, _ := c.rcq.Poll(wc[:]); n == 0 {
 			return verbs.WorkCompletion{}, c.endedError("receive")
 		}
-	} else if _, err := c.pollWait(ctx, "receive", c.RecvCQ, wc[:]); err != nil {
+	} else if _, err := c.pollWait(ctx, "receive", c.rcq, wc[:]); err != nil {
 		return verbs.WorkCompletion{}, err
 	}
 	if wc[0].Status != verbs.WCSuccess {
@@ -595,16 +590,16 @@ func (c *Conn) Recv(ctx context.Context) (verbs.WorkCompletion, error) {
 	return wc[0], nil
 }
 
-// Send sends n bytes of mr from off and waits for the completion.
-func (c *Conn) Send(ctx context.Context, mr *verbs.MR, off, n int) error {
+// send sends n bytes of mr from off and waits for the completion.
+func (c *conn) send(ctx context.Context, mr *verbs.MR, off, n int) error {
 	if err := c.checkLocal("send", mr, off, n, false); err != nil {
 		return err
 	}
 	return c.post(ctx, "send", verbs.SendWR{Opcode: verbs.OpSend, SGEs: []verbs.SGE{mr.SGE(off, n)}})
 }
 
-// Write copies n bytes of mr from off into the peer's memory (RDMA WRITE).
-func (c *Conn) Write(ctx context.Context, mr *verbs.MR, off, n int, to RemoteBuffer) error {
+// rdmaWrite copies n bytes of mr from off into the peer's memory.
+func (c *conn) rdmaWrite(ctx context.Context, mr *verbs.MR, off, n int, to RemoteBuffer) error {
 	if uint32(n) > to.Len {
 		return c.opError("RDMA write", nil, fmt.Errorf("%d bytes do not fit the peer's %d-byte buffer", n, to.Len))
 	}
@@ -615,8 +610,8 @@ func (c *Conn) Write(ctx context.Context, mr *verbs.MR, off, n int, to RemoteBuf
 		RemoteAddr: to.Addr, RKey: to.RKey})
 }
 
-// Read copies n bytes of the peer's memory into mr at off (RDMA READ).
-func (c *Conn) Read(ctx context.Context, mr *verbs.MR, off, n int, from RemoteBuffer) error {
+// rdmaRead copies n bytes of the peer's memory into mr at off.
+func (c *conn) rdmaRead(ctx context.Context, mr *verbs.MR, off, n int, from RemoteBuffer) error {
 	if uint32(n) > from.Len {
 		return c.opError("RDMA read", nil, fmt.Errorf("%d bytes exceed the peer's %d-byte buffer", n, from.Len))
 	}
@@ -627,12 +622,8 @@ func (c *Conn) Read(ctx context.Context, mr *verbs.MR, off, n int, from RemoteBu
 		RemoteAddr: from.Addr, RKey: from.RKey})
 }
 
-// SendTo sends a UD datagram to peer (which the peer's Recv sees after a
-// 40-byte GRH area at the start of its buffer).
-func (c *Conn) SendTo(ctx context.Context, mr *verbs.MR, off, n int, peer UDPeer) error {
-	if c.QP.Type != verbs.QPTypeUD {
-		return c.opError("send to", nil, errors.New("SendTo is for UD connections; use Send"))
-	}
+// sendTo sends a UD datagram to peer.
+func (c *conn) sendTo(ctx context.Context, mr *verbs.MR, off, n int, peer UDPeer) error {
 	if err := c.checkLocal("send to", mr, off, n, false); err != nil {
 		return err
 	}
@@ -640,20 +631,19 @@ func (c *Conn) SendTo(ctx context.Context, mr *verbs.MR, off, n int, peer UDPeer
 		AH: peer.AH, RemoteQPN: peer.QPN, RemoteQKey: peer.QKey})
 }
 
-// ReplyTo addresses the sender of a UD receive: wc is its completion and
-// mr at off the receive buffer, whose first verbs.GRHSize bytes hold the
-// GRH. The address handle is released with the Conn.
-func (c *Conn) ReplyTo(wc verbs.WorkCompletion, mr *verbs.MR, off int) (UDPeer, error) {
+// replyTo addresses the sender of a UD receive; the AH is released with
+// the connection.
+func (c *conn) replyTo(wc verbs.WorkCompletion, mr *verbs.MR, off int) (UDPeer, error) {
 	c.mrMu.Lock()
 	defer c.mrMu.Unlock()
 	if c.ended() {
 		return UDPeer{}, c.endedError("address the sender")
 	}
-	attr, err := c.PD.AHAttrFromWC(c.path.Port, wc, mr.Bytes()[off:off+verbs.GRHSize])
+	attr, err := c.pd.AHAttrFromWC(c.path.Port, wc, mr.Bytes()[off:off+verbs.GRHSize])
 	if err != nil {
 		return UDPeer{}, c.opError("address the sender", nil, err)
 	}
-	ah, err := c.PD.CreateAH(attr)
+	ah, err := c.pd.CreateAH(attr)
 	if err != nil {
 		return UDPeer{}, c.opError("address the sender", nil, err)
 	}
@@ -663,7 +653,7 @@ func (c *Conn) ReplyTo(wc verbs.WorkCompletion, mr *verbs.MR, off int) (UDPeer, 
 
 // post posts one signaled work request and waits for its completion. The
 // helpers own the send CQ: completions of other work requests are dropped.
-func (c *Conn) post(ctx context.Context, op string, wr verbs.SendWR) error {
+func (c *conn) post(ctx context.Context, op string, wr verbs.SendWR) error {
 	if c.opts.SendCQ != nil {
 		return c.sharedCQError(op, "SendCQ")
 	}
@@ -674,7 +664,7 @@ func (c *Conn) post(ctx context.Context, op string, wr verbs.SendWR) error {
 	}
 	wr.ID = c.wrID.Add(1)
 	wr.Flags |= verbs.SendSignaled
-	if err := c.QP.PostSend(wr); err != nil {
+	if err := c.qp.PostSend(wr); err != nil {
 		if c.ended() {
 			return c.endedError(op)
 		}
@@ -686,10 +676,10 @@ func (c *Conn) post(ctx context.Context, op string, wr verbs.SendWR) error {
 		var err error
 		if c.ended() {
 			// Ours may be among the completions the end flushed.
-			if n, _ = c.SendCQ.Poll(wcs[:]); n == 0 {
+			if n, _ = c.scq.Poll(wcs[:]); n == 0 {
 				return c.endedError(op)
 			}
-		} else if n, err = c.pollWait(ctx, op, c.SendCQ, wcs[:]); err != nil {
+		} else if n, err = c.pollWait(ctx, op, c.scq, wcs[:]); err != nil {
 			return err
 		}
 		for _, wc := range wcs[:n] {
@@ -705,12 +695,12 @@ func (c *Conn) post(ctx context.Context, op string, wr verbs.SendWR) error {
 }
 
 // sharedCQError refuses a helper that would wait on a CQ the connection
-// shares (Options.SendCQ or RecvCQ): it could take, and drop, another
+// shares (ConnConfig.SendCQ or RecvCQ): it could take, and drop, another
 // connection's completions.
-func (c *Conn) sharedCQError(op, field string) error {
-	oe := c.opError(op, ErrSharedCQ, fmt.Errorf("its %s CQ is Options.%s, which other connections may share",
+func (c *conn) sharedCQError(op, field string) error {
+	oe := c.opError(op, ErrSharedCQ, fmt.Errorf("its %s CQ is ConnConfig.%s, which other connections may share",
 		strings.ToLower(strings.TrimSuffix(field, "CQ")), field))
-	oe.Hint = fmt.Sprintf("post with c.QP and poll Options.%s yourself; completions name their QP (WorkCompletion.QPN, here %#x)", field, c.QP.QPN)
+	oe.Hint = fmt.Sprintf("post on the connection's QP and poll ConnConfig.%s yourself; completions name their QP (WorkCompletion.QPN, here %#x)", field, c.qp.QPN)
 	return oe
 }
 
@@ -736,7 +726,7 @@ func (e *CompletionError) Error() string {
 
 // completionError is op's failed completion wc; n is the length of what
 // op sent (0 for a receive).
-func (c *Conn) completionError(op string, wc verbs.WorkCompletion, n int) error {
+func (c *conn) completionError(op string, wc verbs.WorkCompletion, n int) error {
 	ce := &CompletionError{Status: wc.Status, Vendor: wc.VendorErr, hint: c.completionHint(op, wc.Status, n)}
 	if wc.Status != verbs.WCWRFlushErr {
 		// Its own failure, even if the connection ended since (siw ends
@@ -760,8 +750,8 @@ func (c *Conn) completionError(op string, wc verbs.WorkCompletion, n int) error 
 // at the sender, LOC_QP_OP_ERR at the receiver; siw: LOC_LEN_ERR at the
 // receiver only), and so does a receive buffer without local write access
 // (rxe: the same pair; siw: GENERAL_ERR). n is the length sent.
-func (c *Conn) completionHint(op string, st verbs.WCStatus, n int) string {
-	ud := c.QP.Type == verbs.QPTypeUD
+func (c *conn) completionHint(op string, st verbs.WCStatus, n int) string {
+	ud := c.qp.Type == verbs.QPTypeUD
 	switch op {
 	case "receive":
 		switch st {
@@ -793,7 +783,7 @@ func (c *Conn) completionHint(op string, st verbs.WCStatus, n int) string {
 			return fmt.Sprintf("the %d-byte message exceeds the device's maximum message size", n)
 		case verbs.WCLocQPOpErr:
 			return fmt.Sprintf("the device refused this %d-byte request: longer than its maximum message size, "+
-				"or beyond what the QP was created for (Options.Cap)", n)
+				"or beyond what the QP was created for (ConnConfig.Cap)", n)
 		}
 	}
 	return ""
@@ -807,13 +797,13 @@ const flushGrace = 500 * time.Millisecond
 type resources struct {
 	dev      *verbs.Device
 	pd       *verbs.PD
-	sharedPD bool // Options.PD: pd and dev are the caller's
+	sharedPD bool // ConnConfig.PD: pd and dev are the caller's
 	scq, rcq *verbs.CQ
 	qp       *verbs.QP
 	ahs      []*verbs.AH
 	mrs      []*verbs.MR // RegisterMemory's, released after the QP and before the PD
 
-	// Options.SendCQ, RecvCQ: scq, rcq are the caller's, left open
+	// ConnConfig.SendCQ, RecvCQ: scq, rcq are the caller's, left open
 	sharedSCQ, sharedRCQ bool
 }
 
@@ -846,7 +836,7 @@ func (r *resources) close() error {
 
 // makeCQs takes the CQs o lends and creates the others on dev, sized by
 // o.CQEntries or the QP's capacity.
-func (r *resources) makeCQs(o *Options, dev *verbs.Device) error {
+func (r *resources) makeCQs(o *settings, dev *verbs.Device) error {
 	sn, rn := int(o.Cap.MaxSendWR), int(o.Cap.MaxRecvWR)
 	if o.CQEntries > 0 {
 		sn, rn = o.CQEntries, o.CQEntries

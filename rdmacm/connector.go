@@ -21,13 +21,9 @@ type connector struct {
 	done       bool // Connect returned a Conn, which owns everything, or Close ran
 }
 
-// newConnector checks opts, parses address ("10.0.0.2:7471",
-// "[fe80::2%eth0]:7471") and creates the CM id: Dial's first step.
-func newConnector(address string, opts *Options) (*connector, error) {
-	o := opts.withDefaults()
-	if err := o.check(); err != nil {
-		return nil, err
-	}
+// newConnector parses address ("10.0.0.2:7471", "[fe80::2%eth0]:7471")
+// and creates the CM id: Dial's first step.
+func newConnector(address string, o *settings) (*connector, error) {
 	dst, err := parseAddr(address)
 	if err != nil {
 		return nil, err
@@ -44,13 +40,13 @@ func newConnector(address string, opts *Options) (*connector, error) {
 		return nil, &OpError{Op: "dial", Local: addrPort(o.Source), Remote: dst, Err: err}
 	}
 	o.trace(StepCreateID, start)
-	e := &endpoint{op: "dial", o: &o, id: id, local: addrPort(o.Source), remote: dst}
+	e := &endpoint{op: "dial", o: o, id: id, local: addrPort(o.Source), remote: dst}
 	return &connector{e: e}, nil
 }
 
 // ResolveAddr applies the id's options (TOS, reuse, ACK timeout) and
 // resolves the destination to a local RDMA device and port, with
-// Options.ResolveAddrTimeout and ResolveRetries. It refuses a mode the
+// Dialer.ResolveAddrTimeout and ResolveRetries. It refuses a mode the
 // device cannot do (UD or ModeManual on iWARP).
 func (c *connector) ResolveAddr(ctx context.Context) error {
 	if err := c.e.setOptions(); err != nil {
@@ -60,17 +56,17 @@ func (c *connector) ResolveAddr(ctx context.Context) error {
 }
 
 // ResolveRoute resolves the route to the destination, with
-// Options.ResolveRouteTimeout and ResolveRetries.
+// Dialer.ResolveRouteTimeout and ResolveRetries.
 func (c *connector) ResolveRoute(ctx context.Context) error { return c.e.resolveRoute(ctx) }
 
-// CreateQP makes the PD (unless Options.PD), the CQs and the QP; in
+// CreateQP makes the PD (unless ConnConfig.PD), the CQs and the QP; in
 // ModeManual the QP is taken to INIT. It waits for nothing.
 func (c *connector) CreateQP() error { return c.e.prepare() }
 
-// Connect sends the connect request with Options.PrivateData, waits up to
-// Options.ConnectTimeout for the peer's answer and returns the connection,
+// Connect sends the connect request with Dialer.PrivateData, waits up to
+// ConnConfig.ConnectTimeout for the peer's answer and returns the connection,
 // which from then on owns every resource. Its errors are Dial's.
-func (c *connector) Connect(ctx context.Context) (*Conn, error) {
+func (c *connector) Connect(ctx context.Context) (*conn, error) {
 	conn, err := c.e.connect(ctx)
 	if err != nil {
 		e := c.e
@@ -100,7 +96,7 @@ func (c *connector) Close() error {
 
 // connect is Dial's last step: the request, the answer and, in
 // ModeManual, the QP's moves and the RTU.
-func (e *endpoint) connect(ctx context.Context) (*Conn, error) {
+func (e *endpoint) connect(ctx context.Context) (*conn, error) {
 	if err := e.issueConnect(); err != nil {
 		return nil, err
 	}
@@ -109,7 +105,7 @@ func (e *endpoint) connect(ctx context.Context) (*Conn, error) {
 
 // answer waits for the peer's answer to the connect request, and in
 // ModeManual moves the QP and sends the RTU.
-func (e *endpoint) answer(ctx context.Context) (*Conn, error) {
+func (e *endpoint) answer(ctx context.Context) (*conn, error) {
 	o := e.o
 	start := e.issuedAt
 	ev, err := e.await(ctx, "connect", o.ConnectTimeout)
@@ -177,12 +173,12 @@ func (e *endpoint) rejected(ev *Event) *OpError {
 }
 
 // issueConnect runs BeforeConnect and sends the connect request with
-// Options.PrivateData, once it is known to fit the device's transport.
+// Dialer.PrivateData, once it is known to fit the device's transport.
 func (e *endpoint) issueConnect() error {
 	o := e.o
 	if pe := checkPrivateData(e.cm(), e.id.ps, msgConnect, o.RawPrivateData, o.PrivateData); pe != nil {
 		oe := e.fail("connect", nil, pe)
-		oe.Hint = "nothing was sent: dial with less Options.PrivateData"
+		oe.Hint = "nothing was sent: dial with less Dialer.PrivateData"
 		return oe
 	}
 	return e.sendConnect(o.PrivateData)
@@ -196,7 +192,7 @@ func (e *endpoint) sendConnect(privateData []byte) error {
 	if err := e.rdAtomic(&p, nil); err != nil {
 		return err
 	}
-	p.RetryCount, p.RNRRetryCount = orSeven(o.RetryCount), orSeven(o.RNRRetryCount)
+	p.RetryCount, p.RNRRetryCount = o.RetryCount, o.RNRRetryCount
 	if o.Mode == ModeManual {
 		p.QPNum = e.res.qp.QPN
 	}

@@ -1,18 +1,62 @@
 package rdmacm
 
-import "context"
+import (
+	"context"
+
+	"github.com/rdmago/rdmago/verbs"
+)
+
+// Dial connects to the listener at address with the zero Dialer: see
+// [Dialer.Dial].
+func Dial(ctx context.Context, address string) (*Conn, error) {
+	var d Dialer
+	return d.Dial(ctx, address)
+}
+
+// DialUD reaches the UD listener at address with the zero Dialer: see
+// [Dialer.DialUD].
+func DialUD(ctx context.Context, address string) (*UDConn, error) {
+	var d Dialer
+	return d.DialUD(ctx, address)
+}
 
 // Dial connects to a listener at address ("10.0.0.2:7471",
-// "[fe80::2%eth0]:7471"): it resolves the address and the route, makes the
-// PD, CQs and QP, sends the connect request with opts.PrivateData and
-// waits for the peer's answer. Each step has its own timeout (Options);
-// ctx cancels the whole dial, and nothing is left behind on any failure.
+// "[fe80::2%eth0]:7471") with a reliable connection: it resolves the
+// address and the route, makes the PD, CQs and QP, sends the connect
+// request with d.PrivateData and waits for the peer's answer. Each step
+// has its own timeout; ctx cancels the whole dial, and nothing is left
+// behind on any failure.
 //
 // Errors are *OpError and match ErrAddrResolution, ErrRouteResolution,
 // ErrUnreachable, ErrRejected (with a *RejectedError carrying the peer's
 // status and private data), ErrConnect, ErrTimeout or the context's error.
-func Dial(ctx context.Context, address string, opts *Options) (*Conn, error) {
-	c, err := newConnector(address, opts)
+func (d *Dialer) Dial(ctx context.Context, address string) (*Conn, error) {
+	c, err := d.dial(ctx, verbs.QPTypeRC, address)
+	if err != nil {
+		return nil, err
+	}
+	return &Conn{c}, nil
+}
+
+// DialUD reaches a UD listener (see [ListenConfig.ListenUD]) at address
+// through the CM's UDP port space: the answer carries the listener's QP
+// number and qkey, and the returned endpoint's Peer addresses it. Its
+// errors are Dial's; a listener that rejects the request gives
+// ErrRejected.
+func (d *Dialer) DialUD(ctx context.Context, address string) (*UDConn, error) {
+	c, err := d.dial(ctx, verbs.QPTypeUD, address)
+	if err != nil {
+		return nil, err
+	}
+	return &UDConn{c}, nil
+}
+
+func (d *Dialer) dial(ctx context.Context, t verbs.QPType, address string) (*conn, error) {
+	o, err := d.settings(t)
+	if err != nil {
+		return nil, err
+	}
+	c, err := newConnector(address, &o)
 	if err != nil {
 		return nil, err
 	}
@@ -25,7 +69,7 @@ func Dial(ctx context.Context, address string, opts *Options) (*Conn, error) {
 }
 
 // dial takes a new connector through the remaining steps.
-func (c *connector) dial(ctx context.Context) (*Conn, error) {
+func (c *connector) dial(ctx context.Context) (*conn, error) {
 	if err := c.ResolveAddr(ctx); err != nil {
 		return nil, err
 	}
@@ -40,7 +84,7 @@ func (c *connector) dial(ctx context.Context) (*Conn, error) {
 
 // udConn finishes a UD dial: the answer carries the peer's QP number, qkey
 // and the address vector to reach it.
-func (e *endpoint) udConn(ev *Event, peerData []byte) (*Conn, error) {
+func (e *endpoint) udConn(ev *Event, peerData []byte) (*conn, error) {
 	ah, err := e.res.pd.CreateAH(ev.AH)
 	if err != nil {
 		return nil, e.fail("create AH", nil, err)

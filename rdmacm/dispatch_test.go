@@ -241,7 +241,7 @@ func TestFailingChannelReachesEveryWaiter(t *testing.T) {
 	require.NoError(t, err)
 	got := make(chan *Event, 1)
 	handled.setHandler(func(ev *Event) { got <- ev })
-	l := &Listener{id: waiting, addr: netip.MustParseAddrPort("10.0.0.1:7471"), reqs: make(chan *ConnRequest), closed: make(chan struct{})}
+	l := &Listener{&listener{id: waiting, addr: netip.MustParseAddrPort("10.0.0.1:7471"), reqs: make(chan *request), closed: make(chan struct{})}}
 
 	errs := make(chan error, 2)
 	go func() {

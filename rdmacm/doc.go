@@ -1,7 +1,20 @@
 // Package rdmacm connects RDMA endpoints the way package net connects
-// sockets: [Dial], [Listen] and [Listener.Accept] over librdmacm, with contexts, per-step
-// timeouts, private data, reject, and typed errors, on RoCE, InfiniBand and
-// iWARP alike.
+// sockets: [Dialer.Dial], [ListenConfig.Listen] and [Listener.Accept] over
+// librdmacm, with contexts, per-step timeouts, private data, reject, and
+// typed errors, on RoCE, InfiniBand and iWARP alike.
+//
+// # Configuration and kinds of endpoint
+//
+// A [Dialer] and a [ListenConfig] configure what they make, as their
+// namesakes in package net do; both embed a [ConnConfig] (queues, who moves
+// the QP, retries, timeouts), their zero values are ready to use, and the
+// functions [Dial] and [Listen] use the zero ones. Zero means the default
+// throughout; counts whose zero is a real setting take a negative value
+// for "none". Each kind of endpoint has its own type, with the methods
+// that apply to it: a [Conn] is a reliable connection (Send, Recv,
+// RDMAWrite, RDMARead), a [UDConn] a UD endpoint reached through the CM
+// (SendTo, ReplyTo; [Dialer.DialUD], [ListenConfig.ListenUD]), and a
+// [MulticastConn] a multicast membership ([Dialer.JoinMulticast]).
 //
 // # Event loop
 //
@@ -41,15 +54,15 @@
 // mode on iWARP, where the CM and the provider move the QP.
 //
 // [ModeManual] creates the QP with package verbs and moves it with the
-// attributes rdma_init_qp_attr returns, passed through [Options].BeforeModify
+// attributes rdma_init_qp_attr returns, passed through [ConnConfig].BeforeModify
 // (to adjust timeouts, retry counts, the MTU or the RNR timer) and checked
 // by verbs' transition table before the driver sees them. The path MTU is
 // the smaller of both sides' active MTUs, which rdmago's private data
 // header carries. It works on InfiniBand and RoCE and is refused on iWARP
-// with [ErrManualOnIWARP].
+// with an error matching [verbs.ErrIWARPManual].
 //
-// [ConnectOverTCP] goes beyond the CM: QP data crosses a TCP socket the
-// application already has, and the path (device, port, GID index, GID type,
+// Package [github.com/rdmago/rdmago/oob] goes beyond the CM: QP data
+// crosses a TCP socket the application already has, and the path (device, port, GID index, GID type,
 // MTU) comes from package [github.com/rdmago/rdmago/resolver].
 //
 // # Private data

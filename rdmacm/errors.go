@@ -34,10 +34,8 @@ var (
 	// ErrPrivateDataTooLong: private data that does not fit its CM message
 	// (see PrivateDataError), refused before anything was sent.
 	ErrPrivateDataTooLong = errors.New("private data too long")
-	// ErrManualOnIWARP: the manual mode cannot work on iWARP devices.
-	ErrManualOnIWARP = errors.New("manual QP transitions are not possible on iWARP")
 	// ErrSharedCQ: a Conn helper that waits for its own completions was
-	// called on a connection whose CQ is Options.SendCQ or RecvCQ.
+	// called on a connection whose CQ is ConnConfig.SendCQ or RecvCQ.
 	ErrSharedCQ = errors.New("the connection's CQ is shared")
 	// ErrClosed: the Conn or Listener was closed.
 	ErrClosed = errors.New("use of closed RDMA connection or listener")
@@ -177,7 +175,7 @@ type RejectedError struct {
 	// PrivateData is what the peer application passed to Reject, without
 	// rdmago's header: exactly what it sent, and empty when the CM or the
 	// listener rejected by itself. From a peer that frames no header (a C
-	// program, or with Options.RawPrivateData) it arrives as the transport
+	// program, or with ConnConfig.RawPrivateData) it arrives as the transport
 	// delivers it: on InfiniBand and RoCE padded with zeros to the
 	// message's size.
 	PrivateData []byte
@@ -195,7 +193,7 @@ type Refusal uint8
 const (
 	// RefusalNone: the application rejected, or no rdmago listener said why.
 	RefusalNone Refusal = iota
-	// RefusalBacklogFull: Options.Backlog requests were already waiting for
+	// RefusalBacklogFull: ListenConfig.Backlog requests were already waiting for
 	// Request or Accept. A later attempt may succeed.
 	RefusalBacklogFull
 	// RefusalListenerClosed: the listener closed with the request waiting.
@@ -219,7 +217,7 @@ func (r Refusal) hint() string {
 	switch r {
 	case RefusalBacklogFull:
 		return "the server takes requests (Request, Accept) slower than they arrive: retry later, " +
-			"or have it take them faster or raise its Options.Backlog"
+			"or have it take them faster or raise its ListenConfig.Backlog"
 	case RefusalListenerClosed:
 		return "the server stopped listening: is it shutting down?"
 	}

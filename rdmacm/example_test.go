@@ -20,7 +20,7 @@ func Example() {
 	defer cancel()
 
 	// Server.
-	l, err := rdmacm.Listen("10.10.0.1:7471", nil)
+	l, err := rdmacm.Listen("10.10.0.1:7471")
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -46,7 +46,8 @@ func Example() {
 	}()
 
 	// Client.
-	conn, err := rdmacm.Dial(ctx, "10.10.0.1:7471", &rdmacm.Options{PrivateData: []byte("hello")})
+	d := rdmacm.Dialer{PrivateData: []byte("hello")}
+	conn, err := d.Dial(ctx, "10.10.0.1:7471")
 	var rejected *rdmacm.RejectedError
 	switch {
 	case errors.As(err, &rejected):
@@ -55,7 +56,7 @@ func Example() {
 		log.Fatal(err) // says which step failed, between which addresses, on which device
 	}
 	defer conn.Close()
-	fmt.Println("connected:", conn.Path(), "server said", string(conn.PeerPrivateData()))
+	fmt.Println("connected:", conn.Route(), "server said", string(conn.PeerPrivateData()))
 	mr, _ := conn.RegisterMemory(4096, verbs.AccessLocalWrite)
 	n := copy(mr.Bytes(), "ping")
 	if err := conn.Send(ctx, mr, 0, n); err != nil {
@@ -65,17 +66,16 @@ func Example() {
 
 // ModeManual moves the QP in rdmago, showing each transition's attributes
 // first; here it lowers the ACK timeout.
-func ExampleOptions_manual() {
-	opts := &rdmacm.Options{
-		Mode: rdmacm.ModeManual,
-		BeforeModify: func(t verbs.Transition, attr *verbs.QPAttr, mask *verbs.AttrMask) error {
-			if t.To == verbs.QPStateRTS {
-				attr.Timeout = 12 // about 17 ms
-			}
-			return nil
-		},
+func ExampleDialer_manual() {
+	var d rdmacm.Dialer
+	d.Mode = rdmacm.ModeManual
+	d.BeforeModify = func(t verbs.Transition, attr *verbs.QPAttr, mask *verbs.AttrMask) error {
+		if t.To == verbs.QPStateRTS {
+			attr.Timeout = 12 // about 17 ms
+		}
+		return nil
 	}
-	conn, err := rdmacm.Dial(context.Background(), "10.10.0.1:7471", opts)
+	conn, err := d.Dial(context.Background(), "10.10.0.1:7471")
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -104,11 +104,13 @@ func ExampleOpenDevice() {
 	// Each connection receives into a slot of the pool, posted before the
 	// peer may send. Accept runs BeforeConnect, one connection at a time here.
 	slot := 0
-	opts := &rdmacm.Options{PD: pd, BeforeConnect: func(c *rdmacm.Conn) error {
+	var lc rdmacm.ListenConfig
+	lc.PD = pd
+	lc.BeforeConnect = func(s rdmacm.Setup) error {
 		slot++
-		return c.PostRecv(pool, (slot-1)*4096, 4096)
-	}}
-	l, err := rdmacm.Listen("10.10.0.1:7471", opts)
+		return s.PostRecv(pool, (slot-1)*4096, 4096)
+	}
+	l, err := lc.Listen(context.Background(), "10.10.0.1:7471")
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -124,7 +126,7 @@ func ExampleOpenDevice() {
 
 // A server takes every connection's receives on one CQ and serves them
 // from one goroutine, telling the connections apart by QP number.
-func ExampleOptions_sharedCQ() {
+func ExampleListenConfig_sharedCQ() {
 	dev, err := rdmacm.OpenDevice("rxe0")
 	if err != nil {
 		log.Fatal(err)
@@ -150,17 +152,18 @@ func ExampleOptions_sharedCQ() {
 	// (ErrSharedCQ), as it waits on a CQ of its own. A receive's ID is
 	// its slot in the pool.
 	next := 0
-	opts := &rdmacm.Options{PD: pd, RecvCQ: recvCQ, BeforeConnect: func(c *rdmacm.Conn) error {
+	lc := rdmacm.ListenConfig{ConnConfig: rdmacm.ConnConfig{PD: pd, RecvCQ: recvCQ}}
+	lc.BeforeConnect = func(s rdmacm.Setup) error {
 		for i := 0; i < slots; i++ {
 			id := uint64(next)
 			next++
-			if err := c.QP.PostRecv(verbs.RecvWR{ID: id, SGEs: []verbs.SGE{pool.SGE(int(id)*4096, 4096)}}); err != nil {
+			if err := s.QP().PostRecv(verbs.RecvWR{ID: id, SGEs: []verbs.SGE{pool.SGE(int(id)*4096, 4096)}}); err != nil {
 				return err
 			}
 		}
 		return nil
-	}}
-	l, err := rdmacm.Listen("10.10.0.1:7471", opts)
+	}
+	l, err := lc.Listen(context.Background(), "10.10.0.1:7471")
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -172,7 +175,7 @@ func ExampleOptions_sharedCQ() {
 			log.Fatal(err)
 		}
 		defer conn.Close()
-		byQPN[conn.QP.QPN] = conn
+		byQPN[conn.QP().QPN] = conn
 	}
 	wcs := make([]verbs.WorkCompletion, 16)
 	for got := 0; got < conns*slots; { // until every slot is used
@@ -187,6 +190,48 @@ func ExampleOptions_sharedCQ() {
 			}
 			fmt.Printf("%v sent %d bytes into slot %d\n", byQPN[wc.QPN].RemoteAddr(), wc.ByteLen, wc.ID)
 		}
+	}
+}
+
+// A UD client reaches a UD listener through the CM, then sends it a
+// datagram; the listener answers the sender of each datagram it receives.
+func ExampleDialer_DialUD() {
+	ctx := context.Background()
+	l, err := rdmacm.ListenUD("10.10.0.1:7471")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		ep, err := l.Accept(ctx)
+		if err != nil {
+			log.Fatal(err)
+		}
+		defer ep.Close()
+		mr, _ := ep.RegisterMemory(verbs.GRHSize+1024, verbs.AccessLocalWrite)
+		ep.PostRecv(mr, 0, verbs.GRHSize+1024) // a datagram lands after the GRH
+		wc, err := ep.Recv(ctx)
+		if err != nil {
+			log.Fatal(err)
+		}
+		from, err := ep.ReplyTo(wc, mr, 0)
+		if err != nil {
+			log.Fatal(err)
+		}
+		ep.SendTo(ctx, mr, verbs.GRHSize, int(wc.ByteLen)-verbs.GRHSize, from) // echo
+	}()
+
+	var d rdmacm.Dialer
+	ep, err := d.DialUD(ctx, "10.10.0.1:7471")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer ep.Close()
+	mr, _ := ep.RegisterMemory(verbs.GRHSize+1024, verbs.AccessLocalWrite)
+	ep.PostRecv(mr, 0, verbs.GRHSize+1024) // for the echo
+	n := copy(mr.Bytes()[verbs.GRHSize:], "ping")
+	if err := ep.SendTo(ctx, mr, verbs.GRHSize, n, ep.Peer()); err != nil {
+		log.Fatal(err)
 	}
 }
 

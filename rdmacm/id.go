@@ -291,7 +291,7 @@ func (c *ID) Device() (*verbs.Device, error) {
 // Option is an id option of rdma_set_option (level RDMA_OPTION_ID).
 type Option int
 
-// Options of SetOption.
+// The id options of SetOption.
 const (
 	// OptionTOS is the IP type of service (a byte).
 	OptionTOS Option = cma.OptTOS

@@ -13,34 +13,83 @@ import (
 	"github.com/rdmago/rdmago/verbs"
 )
 
-// Listener takes connect requests on an address and port.
-type Listener struct {
-	opts Options
+// listener is what Listener and UDListener are made of: a listening CM
+// id and the requests it has queued.
+type listener struct {
+	opts settings
 	id   *ID
 	addr netip.AddrPort
-	reqs chan *ConnRequest
+	reqs chan *request
 
 	closeOnce sync.Once
 	closed    chan struct{}
 }
 
-// Listen binds to address ("10.0.0.1:7471", "0.0.0.0:7471", "[::]:0") and
-// listens for connect requests in the port space of opts.QPType.
-func Listen(address string, opts *Options) (*Listener, error) {
-	o := opts.withDefaults()
-	if err := o.check(); err != nil {
+// Listener takes requests for reliable connections on an address and
+// port: what [ListenConfig.Listen] makes.
+type Listener struct {
+	*listener
+}
+
+// UDListener takes requests from UD dialers ([Dialer.DialUD]) in the
+// CM's UDP port space: what [ListenConfig.ListenUD] makes.
+type UDListener struct {
+	*listener
+}
+
+// Listen listens at address with the zero ListenConfig: see
+// [ListenConfig.Listen].
+func Listen(address string) (*Listener, error) {
+	var lc ListenConfig
+	return lc.Listen(context.Background(), address)
+}
+
+// ListenUD listens for UD dialers at address with the zero ListenConfig:
+// see [ListenConfig.ListenUD].
+func ListenUD(address string) (*UDListener, error) {
+	var lc ListenConfig
+	return lc.ListenUD(context.Background(), address)
+}
+
+// Listen binds to address ("10.0.0.1:7471", "0.0.0.0:7471", "[::]:0")
+// and listens for reliable connections (the CM's TCP port space). ctx
+// only bounds the call: binding and listening do not wait.
+func (lc *ListenConfig) Listen(ctx context.Context, address string) (*Listener, error) {
+	l, err := lc.listen(ctx, verbs.QPTypeRC, address)
+	if err != nil {
+		return nil, err
+	}
+	return &Listener{l}, nil
+}
+
+// ListenUD binds to address and listens for UD dialers (the CM's UDP port
+// space). InfiniBand and RoCE only: iWARP has no UD.
+func (lc *ListenConfig) ListenUD(ctx context.Context, address string) (*UDListener, error) {
+	l, err := lc.listen(ctx, verbs.QPTypeUD, address)
+	if err != nil {
+		return nil, err
+	}
+	return &UDListener{l}, nil
+}
+
+func (lc *ListenConfig) listen(ctx context.Context, t verbs.QPType, address string) (*listener, error) {
+	o, err := lc.settings(t)
+	if err != nil {
 		return nil, err
 	}
 	ap, err := parseAddr(address)
 	if err != nil {
 		return nil, err
 	}
+	if err := ctx.Err(); err != nil {
+		return nil, &OpError{Op: "listen", Local: ap, Err: err}
+	}
 	id, err := newID(o.portSpace())
 	if err != nil {
 		return nil, &OpError{Op: "listen", Local: ap, Err: err}
 	}
 	e := &endpoint{op: "listen", o: &o, id: id, local: ap}
-	fail := func(err error) (*Listener, error) {
+	fail := func(err error) (*listener, error) {
 		id.Close()
 		return nil, err
 	}
@@ -56,9 +105,9 @@ func Listen(address string, opts *Options) (*Listener, error) {
 		return fail(oe)
 	}
 	// The kernel's backlog counts only the requests our dispatcher has not
-	// read yet; Options.Backlog is enforced on the queue behind it, where a
-	// refusal can say why. A small Backlog must not let the kernel refuse,
-	// without a reason, a request that arrives just after another.
+	// read yet; ListenConfig.Backlog is enforced on the queue behind it,
+	// where a refusal can say why. A small Backlog must not let the kernel
+	// refuse, without a reason, a request that arrives just after another.
 	if err := id.Listen(max(o.Backlog, defaultBacklog)); err != nil {
 		oe := e.fail("listen", nil, err)
 		if errors.Is(err, syscall.EADDRINUSE) {
@@ -70,7 +119,7 @@ func Listen(address string, opts *Options) (*Listener, error) {
 		}
 		return fail(oe)
 	}
-	l := &Listener{opts: o, id: id, addr: id.LocalAddr(), reqs: make(chan *ConnRequest, o.Backlog), closed: make(chan struct{})}
+	l := &listener{opts: o, id: id, addr: id.LocalAddr(), reqs: make(chan *request, o.Backlog), closed: make(chan struct{})}
 	cm := cmUnknown
 	if e.id.DeviceName() != "" {
 		// Bound to one device: refuse now what it cannot do.
@@ -84,12 +133,12 @@ func Listen(address string, opts *Options) (*Listener, error) {
 			}
 		}
 	}
-	// Accept sends Options.PrivateData: refuse now what fits no accept (on
-	// a wildcard address, what fits no transport's; each request's own is
-	// checked as it is accepted).
+	// Accept sends ListenConfig.PrivateData: refuse now what fits no
+	// accept (on a wildcard address, what fits no transport's; each
+	// request's own is checked as it is accepted).
 	if err := checkPrivateData(cm, o.portSpace(), msgAccept, o.RawPrivateData, o.PrivateData); err != nil {
 		oe := e.fail("listen", nil, err)
-		oe.Hint = "Options.PrivateData is what Listener.Accept sends with every accept: shorten it"
+		oe.Hint = "ListenConfig.PrivateData is what Listener.Accept sends with every accept: shorten it"
 		return fail(oe)
 	}
 	id.setHandler(l.onEvent)
@@ -97,9 +146,9 @@ func Listen(address string, opts *Options) (*Listener, error) {
 }
 
 // Addr is the address and port the listener is bound to.
-func (l *Listener) Addr() netip.AddrPort { return l.addr }
+func (l *listener) Addr() netip.AddrPort { return l.addr }
 
-func (l *Listener) onEvent(ev *Event) {
+func (l *listener) onEvent(ev *Event) {
 	if ev.Type != EventConnectRequest || ev.ID == nil {
 		return // DEVICE_REMOVAL or ADDR_CHANGE on a bound listener: requests simply stop
 	}
@@ -108,8 +157,8 @@ func (l *Listener) onEvent(ev *Event) {
 		iwarp = dev.Info.Transport == verbs.TransportIWARP
 	}
 	data, mtu := receivedData(ev.PrivateData, l.opts.RawPrivateData, iwarp)
-	r := &ConnRequest{Param: ev.Param, PrivateData: data, Local: ev.ID.LocalAddr(), Remote: ev.ID.RemoteAddr(),
-		Device: ev.ID.DeviceName(), Port: ev.ID.Port(), peerMTU: mtu, id: ev.ID, l: l}
+	r := &request{param: ev.Param, data: data, local: ev.ID.LocalAddr(), remote: ev.ID.RemoteAddr(),
+		device: ev.ID.DeviceName(), port: ev.ID.Port(), peerMTU: mtu, id: ev.ID, l: l}
 	select {
 	case l.reqs <- r:
 	default:
@@ -119,9 +168,8 @@ func (l *Listener) onEvent(ev *Event) {
 	}
 }
 
-// Request waits for the next connect request, which the caller must Accept
-// or Reject.
-func (l *Listener) Request(ctx context.Context) (*ConnRequest, error) {
+// next waits for the next connect request.
+func (l *listener) next(ctx context.Context) (*request, error) {
 	select {
 	case r := <-l.reqs:
 		return r, nil
@@ -134,29 +182,69 @@ func (l *Listener) Request(ctx context.Context) (*ConnRequest, error) {
 	}
 }
 
-// Accept waits for the next connect request and accepts it with the
-// listener's Options.PrivateData. A request that fails during the
-// handshake is returned as an error (and rejected, if it was not); the
-// listener keeps listening.
-func (l *Listener) Accept(ctx context.Context) (*Conn, error) {
-	r, err := l.Request(ctx)
+// acceptNext waits for the next connect request and accepts it with the
+// listener's PrivateData.
+func (l *listener) acceptNext(ctx context.Context) (*conn, error) {
+	r, err := l.next(ctx)
 	if err != nil {
 		return nil, err
 	}
-	c, err := r.Accept(ctx, l.opts.PrivateData)
+	c, err := r.accept(ctx, l.opts.PrivateData, nil)
 	var oe *OpError
 	if errors.Is(err, ErrPrivateDataTooLong) && errors.As(err, &oe) {
-		// Options.PrivateData fits some transport but not this request's,
-		// and the caller never saw the request: answer it.
-		r.Reject(nil)
-		oe.Hint = "the request was rejected: Options.PrivateData is what Listener.Accept sends, and it must fit every transport " +
+		// ListenConfig.PrivateData fits some transport but not this
+		// request's, and the caller never saw the request: answer it.
+		r.reject(nil)
+		oe.Hint = "the request was rejected: ListenConfig.PrivateData is what Listener.Accept sends, and it must fit every transport " +
 			"the listener takes requests on (shorten it, or take requests with Request and accept each with data that fits)"
 	}
 	return c, err
 }
 
+// Request waits for the next connect request, which the caller must
+// Accept or Reject.
+func (l *Listener) Request(ctx context.Context) (*ConnRequest, error) {
+	r, err := l.next(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &ConnRequest{Local: r.local, Remote: r.remote, Device: r.device, Port: r.port, Param: r.param, PrivateData: r.data, r: r}, nil
+}
+
+// Accept waits for the next connect request and accepts it with the
+// ListenConfig's PrivateData. A request that fails during the handshake
+// is returned as an error (and rejected, if it was not); the listener
+// keeps listening.
+func (l *Listener) Accept(ctx context.Context) (*Conn, error) {
+	c, err := l.acceptNext(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &Conn{c}, nil
+}
+
+// Request waits for the next request from a UD dialer, which the caller
+// must Accept or Reject.
+func (l *UDListener) Request(ctx context.Context) (*UDRequest, error) {
+	r, err := l.next(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &UDRequest{Local: r.local, Remote: r.remote, Device: r.device, Port: r.port, PrivateData: r.data, r: r}, nil
+}
+
+// Accept waits for the next request from a UD dialer and answers it with
+// a new UD endpoint and the ListenConfig's PrivateData.
+func (l *UDListener) Accept(ctx context.Context) (*UDConn, error) {
+	c, err := l.acceptNext(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &UDConn{c}, nil
+}
+
 // Close stops listening and refuses requests not yet accepted.
-func (l *Listener) Close() error {
+func (l *listener) Close() error {
 	l.closeOnce.Do(func() {
 		close(l.closed)
 		l.id.Close()
@@ -172,7 +260,23 @@ func (l *Listener) Close() error {
 	return nil
 }
 
-// ConnRequest is a peer's connect request, waiting for Accept or Reject.
+// request is a connect request waiting for an answer: what ConnRequest
+// and UDRequest are made of.
+type request struct {
+	local, remote netip.AddrPort
+	device        string
+	port          int
+	param         ConnParam
+	data          []byte
+
+	peerMTU verbs.MTU
+	id      *ID
+	l       *listener
+	used    atomic.Bool
+}
+
+// ConnRequest is a peer's request for a reliable connection, waiting for
+// Accept or Reject.
 type ConnRequest struct {
 	Local, Remote netip.AddrPort
 	Device        string
@@ -183,23 +287,84 @@ type ConnRequest struct {
 	// PrivateData the peer sent with the request (rdmago's header removed).
 	PrivateData []byte
 
-	peerMTU verbs.MTU
-	id      *ID
-	l       *Listener
-	used    atomic.Bool
+	r *request
 }
 
-func (r *ConnRequest) claim() bool { return r.used.CompareAndSwap(false, true) }
+// UDRequest is a UD dialer's request (a SIDR REQ on InfiniBand and RoCE),
+// waiting for Accept or Reject.
+type UDRequest struct {
+	Local, Remote netip.AddrPort
+	Device        string
+	Port          int
+	// PrivateData the dialer sent with the request (rdmago's header
+	// removed).
+	PrivateData []byte
+
+	r *request
+}
 
 // Reject refuses the request, sending privateData with the reject: at most
 // 144 bytes on InfiniBand and RoCE (a REJ carries 148, less rdmago's
-// header), 247 on iWARP, 132 on PS_UDP; 4 more with
-// Options.RawPrivateData. The dialer's error is a *RejectedError with this
-// data (status 28; iWARP: -104, the MPA reject; PS_UDP: 2, the SIDR
-// reject). Longer data is refused with a *PrivateDataError before anything
-// is sent, and the request stays pending: Reject it again with less, or
-// Accept it.
-func (r *ConnRequest) Reject(privateData []byte) error {
+// header), 247 on iWARP; 4 more with ConnConfig.RawPrivateData. The
+// dialer's error is a *RejectedError with this data (status 28; iWARP:
+// -104, the MPA reject). Longer data is refused with a *PrivateDataError
+// before anything is sent, and the request stays pending: Reject it again
+// with less, or Accept it.
+func (r *ConnRequest) Reject(privateData []byte) error { return r.r.reject(privateData) }
+
+// Accept accepts the request with privateData and waits for the
+// connection to be established. At most 192 bytes of private data fit on
+// InfiniBand and RoCE (a REP carries 196, less rdmago's header), 247 on
+// iWARP; 4 more with ConnConfig.RawPrivateData. Longer data is refused
+// with a *PrivateDataError before anything is sent, and the request stays
+// pending: Accept it again with less, or Reject it. On any other failure
+// the request is rejected and its resources are released.
+func (r *ConnRequest) Accept(ctx context.Context, privateData []byte) (*Conn, error) {
+	return r.AcceptWith(ctx, privateData, nil)
+}
+
+// AcceptWith is Accept that first runs setup on the connection, once its
+// QP exists and before the accept goes out (after
+// ConnConfig.BeforeConnect): register memory and post receives there, so
+// that the peer's first SEND finds one (on iWARP a SEND that finds none
+// ends the connection). What setup makes stays with the code that
+// accepted, in its own variables; an error from setup rejects the request
+// and releases the memory registered.
+func (r *ConnRequest) AcceptWith(ctx context.Context, privateData []byte, setup func(Setup) error) (*Conn, error) {
+	c, err := r.r.accept(ctx, privateData, setup)
+	if err != nil {
+		return nil, err
+	}
+	return &Conn{c}, nil
+}
+
+// Reject refuses the request, sending privateData with the SIDR reply:
+// at most 132 bytes (136 with ConnConfig.RawPrivateData). The dialer's
+// error is a *RejectedError with this data (status 2, the SIDR reject).
+// Longer data is refused with a *PrivateDataError before anything is
+// sent, and the request stays pending.
+func (r *UDRequest) Reject(privateData []byte) error { return r.r.reject(privateData) }
+
+// Accept answers the request with a new UD endpoint and privateData (at
+// most 132 bytes; 136 with ConnConfig.RawPrivateData). Longer data is
+// refused before anything is sent, and the request stays pending.
+func (r *UDRequest) Accept(ctx context.Context, privateData []byte) (*UDConn, error) {
+	return r.AcceptWith(ctx, privateData, nil)
+}
+
+// AcceptWith is Accept that first runs setup on the endpoint, once its QP
+// exists and before the answer goes out: see [ConnRequest.AcceptWith].
+func (r *UDRequest) AcceptWith(ctx context.Context, privateData []byte, setup func(Setup) error) (*UDConn, error) {
+	c, err := r.r.accept(ctx, privateData, setup)
+	if err != nil {
+		return nil, err
+	}
+	return &UDConn{c}, nil
+}
+
+func (r *request) claim() bool { return r.used.CompareAndSwap(false, true) }
+
+func (r *request) reject(privateData []byte) error {
 	if r.used.Load() {
 		return r.closedError("reject")
 	}
@@ -211,19 +376,19 @@ func (r *ConnRequest) Reject(privateData []byte) error {
 	}
 	defer r.id.Close()
 	if err := r.id.reject(encodePrivateData(r.l.opts.RawPrivateData, 0, privateData)); err != nil {
-		return &OpError{Op: "reject", Local: r.Local, Remote: r.Remote, Device: r.Device, Port: r.Port, Err: cause(err)}
+		return &OpError{Op: "reject", Local: r.local, Remote: r.remote, Device: r.device, Port: r.port, Err: cause(err)}
 	}
 	return nil
 }
 
-func (r *ConnRequest) closedError(op string) error {
-	return &OpError{Op: op, Local: r.Local, Remote: r.Remote, Err: ErrClosed}
+func (r *request) closedError(op string) error {
+	return &OpError{Op: op, Local: r.local, Remote: r.remote, Err: ErrClosed}
 }
 
 // checkData refuses privateData that does not fit message k of this
 // request's transport and port space. Nothing is sent: the request stays
 // pending.
-func (r *ConnRequest) checkData(op string, k messageKind, privateData []byte) error {
+func (r *request) checkData(op string, k messageKind, privateData []byte) error {
 	cm := cmIB // the smaller limits, should the device be unknown
 	if dev, err := r.id.Device(); err == nil {
 		cm = cmKindOf(dev.Info.Transport)
@@ -233,14 +398,14 @@ func (r *ConnRequest) checkData(op string, k messageKind, privateData []byte) er
 		return nil
 	}
 	raw := r.l.opts.RawPrivateData
-	return &OpError{Op: op, Local: r.Local, Remote: r.Remote, Device: r.Device, Port: r.Port, Err: pe,
+	return &OpError{Op: op, Local: r.local, Remote: r.remote, Device: r.device, Port: r.port, Err: pe,
 		Hint: fmt.Sprintf("nothing was sent and the request is still pending: Accept it with at most %d bytes of private data, or Reject it with at most %d",
 			privateDataLimit(cm, r.id.ps, msgAccept, raw), privateDataLimit(cm, r.id.ps, msgReject, raw))}
 }
 
 // refuse rejects the request on the listener's own account. The dialer's
 // RejectedError says why, unless the listener's private data is raw.
-func (r *ConnRequest) refuse(why Refusal) {
+func (r *request) refuse(why Refusal) {
 	if !r.claim() {
 		return
 	}
@@ -252,25 +417,9 @@ func (r *ConnRequest) refuse(why Refusal) {
 	r.id.reject(data) // nothing to do if it fails: the dialer times out
 }
 
-// Accept accepts the request with privateData and waits for the
-// connection to be established (RC; UD needs no third message). At most
-// 192 bytes of private data fit on InfiniBand and RoCE (a REP carries 196,
-// less rdmago's header), 247 on iWARP, 132 on PS_UDP; 4 more with
-// Options.RawPrivateData. Longer data is refused with a *PrivateDataError
-// before anything is sent, and the request stays pending: Accept it again
-// with less, or Reject it. On any other failure the request is rejected
-// and its resources are released.
-func (r *ConnRequest) Accept(ctx context.Context, privateData []byte) (*Conn, error) {
-	return r.AcceptWith(ctx, privateData, nil)
-}
-
-// AcceptWith is Accept that first runs setup on the connection, once its QP
-// exists and before the accept goes out (after Options.BeforeConnect):
-// register memory and post receives there, so that the peer's first SEND
-// finds one (on iWARP a SEND that finds none ends the connection). What
-// setup makes stays with the code that accepted, in its own variables; an
-// error from setup rejects the request and releases the memory registered.
-func (r *ConnRequest) AcceptWith(ctx context.Context, privateData []byte, setup func(*Conn) error) (*Conn, error) {
+// accept accepts the request with privateData, after setup (if any) has
+// seen the connection.
+func (r *request) accept(ctx context.Context, privateData []byte, setup func(Setup) error) (*conn, error) {
 	if r.used.Load() {
 		return nil, r.closedError("accept")
 	}
@@ -283,16 +432,16 @@ func (r *ConnRequest) AcceptWith(ctx context.Context, privateData []byte, setup 
 	o := r.l.opts
 	if setup != nil {
 		listenerSetup := o.BeforeConnect
-		o.BeforeConnect = func(c *Conn) error {
+		o.BeforeConnect = func(s Setup) error {
 			if listenerSetup != nil {
-				if err := listenerSetup(c); err != nil {
+				if err := listenerSetup(s); err != nil {
 					return err
 				}
 			}
-			return setup(c)
+			return setup(s)
 		}
 	}
-	e := &endpoint{op: "accept", o: &o, id: r.id, local: r.Local, remote: r.Remote}
+	e := &endpoint{op: "accept", o: &o, id: r.id, local: r.local, remote: r.remote}
 	c, err := e.accept(ctx, r, privateData)
 	if err != nil {
 		e.abort()
@@ -301,7 +450,7 @@ func (r *ConnRequest) AcceptWith(ctx context.Context, privateData []byte, setup 
 	return c, nil
 }
 
-func (e *endpoint) accept(ctx context.Context, r *ConnRequest, privateData []byte) (*Conn, error) {
+func (e *endpoint) accept(ctx context.Context, r *request, privateData []byte) (*conn, error) {
 	o := e.o
 	// ConnRequest.Accept has checked privateData's length, so that a
 	// refusal leaves the request pending.
@@ -325,8 +474,8 @@ func (e *endpoint) accept(ctx context.Context, r *ConnRequest, privateData []byt
 		e.id.reject(nil)
 		return nil, err
 	}
-	p := ConnParam{RNRRetryCount: orSeven(o.RNRRetryCount)}
-	if err := e.rdAtomic(&p, &r.Param); err != nil {
+	p := ConnParam{RNRRetryCount: o.RNRRetryCount}
+	if err := e.rdAtomic(&p, &r.param); err != nil {
 		e.id.reject(nil)
 		return nil, err
 	}
@@ -354,7 +503,7 @@ func (e *endpoint) accept(ctx context.Context, r *ConnRequest, privateData []byt
 	}
 	if o.QPType == verbs.QPTypeUD {
 		o.trace(StepConnect, start)
-		return e.conn(r.PrivateData, o.Mode), nil
+		return e.conn(r.data, o.Mode), nil
 	}
 	ev, err := e.await(ctx, "accept", o.ConnectTimeout)
 	if err != nil {
@@ -363,7 +512,7 @@ func (e *endpoint) accept(ctx context.Context, r *ConnRequest, privateData []byt
 	switch ev.Type {
 	case EventEstablished:
 		o.trace(StepConnect, start)
-		return e.conn(r.PrivateData, o.Mode), nil
+		return e.conn(r.data, o.Mode), nil
 	case EventUnreachable:
 		return nil, e.failEvent("accept", ErrUnreachable, ev)
 	case EventRejected:

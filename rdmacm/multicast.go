@@ -8,16 +8,44 @@ import (
 	"github.com/rdmago/rdmago/verbs"
 )
 
+// MulticastConn is a multicast group membership: a UD QP attached to the
+// group, made by [Dialer.JoinMulticast]. Send sends to the group; receives
+// carry a GRH like any UD receive, and a member receives its own
+// datagrams only if the device loops them back. Close leaves the group.
+//
+// What Conn says about calls from several goroutines holds here too.
+type MulticastConn struct {
+	*conn
+}
+
+// Group is the multicast address joined.
+func (c *MulticastConn) Group() netip.Addr { return c.group }
+
+// Peer is the group's address as a UD destination (the address handle,
+// QP number and qkey the join returned), for sends posted on QP directly.
+func (c *MulticastConn) Peer() UDPeer { return c.peer }
+
+// Send sends n bytes of mr from off to the group and waits for the
+// completion. A datagram must fit the path MTU (Route().MTU).
+func (c *MulticastConn) Send(ctx context.Context, mr *verbs.MR, off, n int) error {
+	return c.sendTo(ctx, mr, off, n, c.peer)
+}
+
+// JoinMulticast joins the multicast group with the zero Dialer: see
+// [Dialer.JoinMulticast].
+func JoinMulticast(ctx context.Context, group netip.Addr) (*MulticastConn, error) {
+	var d Dialer
+	return d.JoinMulticast(ctx, group)
+}
+
 // JoinMulticast joins the multicast group (an IPv4 or IPv6 multicast
-// address) from opts.Source, or from the address the kernel picks, with a
-// UD QP attached to it. Send to the group with SendTo(..., c.Peer());
-// receives carry a GRH like any UD receive. Close leaves the group.
-// InfiniBand and RoCE only (iWARP has no UD); the CM attaches the QP, so
-// ModeManual is refused.
-func JoinMulticast(ctx context.Context, group netip.Addr, opts *Options) (*Conn, error) {
-	o := opts.withDefaults()
-	o.QPType = verbs.QPTypeUD
-	if err := o.check(); err != nil {
+// address) from d.Source, or from the address the kernel picks, with a
+// UD QP attached to it. InfiniBand and RoCE only (iWARP has no UD); the
+// CM attaches the QP, so ModeManual is refused. d.PrivateData is not
+// used: a join carries none.
+func (d *Dialer) JoinMulticast(ctx context.Context, group netip.Addr) (*MulticastConn, error) {
+	o, err := d.settings(verbs.QPTypeUD)
+	if err != nil {
 		return nil, err
 	}
 	if !group.IsMulticast() {
@@ -37,10 +65,10 @@ func JoinMulticast(ctx context.Context, group netip.Addr, opts *Options) (*Conn,
 		e.abort()
 		return nil, err
 	}
-	return c, nil
+	return &MulticastConn{c}, nil
 }
 
-func (e *endpoint) join(ctx context.Context, group netip.Addr) (*Conn, error) {
+func (e *endpoint) join(ctx context.Context, group netip.Addr) (*conn, error) {
 	if err := e.setOptions(); err != nil {
 		return nil, err
 	}

@@ -24,7 +24,7 @@ const (
 )
 
 // Private data limits: bytes on the wire, of which rdmago's header takes 4
-// unless Options.RawPrivateData. They depend on the message (connect,
+// unless ConnConfig.RawPrivateData. They depend on the message (connect,
 // accept, reject), on the transport and on the port space, and rdmago
 // checks them before anything is sent. The numbers are the Linux kernel's
 // (6.1; they have not changed in years):
@@ -170,7 +170,7 @@ type PrivateDataError struct {
 	Len       int // bytes the application gave
 	Limit     int // bytes of the application's data that fit
 	// Header is what rdmago's header takes of the message: 4 bytes, or 0
-	// with Options.RawPrivateData.
+	// with ConnConfig.RawPrivateData.
 	Header int
 	why    string // the wire limit and where it comes from
 }
@@ -179,7 +179,7 @@ func (e *PrivateDataError) Error() string {
 	s := fmt.Sprintf("%v: %d bytes of %s private data, at most %d fit on %s (%v): %s",
 		ErrPrivateDataTooLong, e.Len, e.Message, e.Limit, e.Transport, e.PortSpace, e.why)
 	if e.Header > 0 {
-		s += fmt.Sprintf(", less rdmago's %d-byte header (Options.RawPrivateData leaves it out)", e.Header)
+		s += fmt.Sprintf(", less rdmago's %d-byte header (ConnConfig.RawPrivateData leaves it out)", e.Header)
 	}
 	return s
 }
@@ -239,7 +239,7 @@ func decodePrivateData(b []byte, raw bool) (data []byte, mtu verbs.MTU, framed b
 // to its full size, so that is what arrives from a peer that sent nothing
 // (C programs such as rping, ucmatose, udaddy and cmtime send none); a
 // peer whose own format puts zeros there is talked to with
-// Options.RawPrivateData, which reports the field as it arrived. On iWARP
+// ConnConfig.RawPrivateData, which reports the field as it arrived. On iWARP
 // the length is exact and the data is taken as it is.
 func receivedData(b []byte, raw, iwarp bool) (data []byte, mtu verbs.MTU) {
 	data, mtu, framed := decodePrivateData(b, raw)

@@ -68,7 +68,7 @@ func TestPrivateDataLimits(t *testing.T) {
 			if raw {
 				assert.NotContains(t, msg, "rdmago's", name)
 			} else {
-				assert.Contains(t, msg, "less rdmago's 4-byte header (Options.RawPrivateData leaves it out)", name)
+				assert.Contains(t, msg, "less rdmago's 4-byte header (ConnConfig.RawPrivateData leaves it out)", name)
 			}
 		}
 	}
@@ -233,26 +233,54 @@ func TestRejectedErrorText(t *testing.T) {
 	assert.False(t, (&RejectedError{Status: sidrReject}).ConsumerReject(), "status 2 of a REJ is no consumer reject")
 }
 
-func TestOptionsDefaultsAndChecks(t *testing.T) {
-	o := (*Options)(nil).withDefaults()
-	assert.Equal(t, verbs.QPTypeRC, o.QPType)
+// The zero configs are ready to use, and every field follows one
+// convention: zero is the default, a negative count is none.
+func TestConfigDefaultsAndChecks(t *testing.T) {
+	o, err := (*Dialer)(nil).settings(verbs.QPTypeRC)
+	require.NoError(t, err)
 	assert.Equal(t, PortSpaceTCP, o.portSpace())
 	assert.Equal(t, 2*time.Second, o.ResolveAddrTimeout)
+	assert.Equal(t, 2*time.Second, o.ResolveRouteTimeout)
 	assert.Equal(t, 2*time.Second, o.ConnectTimeout)
+	assert.Equal(t, 2*time.Second, o.CloseTimeout)
 	assert.Equal(t, defaultRetries, o.ResolveRetries)
-	assert.Equal(t, uint32(16), o.Cap.MaxSendWR)
-	assert.Equal(t, uint8(7), orSeven(o.RetryCount))
-	assert.NoError(t, o.check())
+	assert.Equal(t, verbs.QPCap{MaxSendWR: 16, MaxRecvWR: 16, MaxSendSGE: 1, MaxRecvSGE: 1}, o.Cap)
+	assert.Equal(t, uint8(7), o.RetryCount)
+	assert.Equal(t, uint8(7), o.RNRRetryCount)
+	assert.Equal(t, -1, o.ResponderResources, "zero leaves the device's maximum")
+	assert.Equal(t, -1, o.InitiatorDepth)
 
-	none := (&Options{ResolveRetries: -1, QPType: verbs.QPTypeUD}).withDefaults()
+	none, err := (&Dialer{ResolveRetries: -1, ConnConfig: ConnConfig{RetryCount: -1, RNRRetryCount: -3,
+		ResponderResources: -1, InitiatorDepth: -1}}).settings(verbs.QPTypeUD)
+	require.NoError(t, err)
 	assert.Zero(t, none.ResolveRetries)
+	assert.Zero(t, none.RetryCount)
+	assert.Zero(t, none.RNRRetryCount)
+	assert.Zero(t, none.ResponderResources)
+	assert.Zero(t, none.InitiatorDepth)
 	assert.Equal(t, PortSpaceUDP, none.portSpace())
 
-	eight := uint8(8)
-	for _, bad := range []Options{{QPType: verbs.QPTypeUC}, {RetryCount: &eight}, {ACKTimeout: 32}, {Mode: 7}} {
-		b := bad.withDefaults()
-		assert.Error(t, b.check(), "%+v", bad)
+	set, err := (&Dialer{ResolveRetries: 5, ConnConfig: ConnConfig{RetryCount: 3, ResponderResources: 4,
+		ConnectTimeout: time.Second}}).settings(verbs.QPTypeRC)
+	require.NoError(t, err)
+	assert.Equal(t, 5, set.ResolveRetries)
+	assert.Equal(t, uint8(3), set.RetryCount)
+	assert.Equal(t, 4, set.ResponderResources)
+	assert.Equal(t, time.Second, set.ConnectTimeout)
+
+	l, err := (*ListenConfig)(nil).settings(verbs.QPTypeRC)
+	require.NoError(t, err)
+	assert.Equal(t, defaultBacklog, l.Backlog)
+
+	for _, bad := range []ConnConfig{{RetryCount: 8}, {RNRRetryCount: 8}, {ACKTimeout: 32}, {Mode: 7},
+		{ResponderResources: 256}, {ConnectTimeout: -time.Second}, {CQEntries: -1}} {
+		_, err := (&Dialer{ConnConfig: bad}).settings(verbs.QPTypeRC)
+		assert.Error(t, err, "%+v", bad)
 	}
+	_, err = (&Dialer{ResolveAddrTimeout: -1}).settings(verbs.QPTypeRC)
+	assert.ErrorContains(t, err, "ResolveAddrTimeout")
+	_, err = (&ListenConfig{Backlog: -1}).settings(verbs.QPTypeRC)
+	assert.ErrorContains(t, err, "Backlog")
 }
 
 func TestParseAddr(t *testing.T) {
@@ -296,7 +324,7 @@ func TestErrors(t *testing.T) {
 	assert.ErrorIs(t, busy, ErrBacklogFull)
 	assert.ErrorIs(t, busy, ErrRejected)
 	assert.Contains(t, busy.Error(), "backlog was full")
-	assert.Contains(t, busy.Error(), "Options.Backlog")
+	assert.Contains(t, busy.Error(), "ListenConfig.Backlog")
 	closed := &RejectedError{Status: -104, Refusal: RefusalListenerClosed}
 	assert.NotErrorIs(t, closed, ErrBacklogFull)
 	assert.Contains(t, closed.Error(), "listener closed")

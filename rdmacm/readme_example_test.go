@@ -21,7 +21,7 @@ func TestREADMEExample(t *testing.T) {
 		checkNoLeaks(t)
 		ctx := ctxFor(t, 20*time.Second)
 		addr := d.at(port())
-		l, err := rdmacm.Listen(addr, nil)
+		l, err := rdmacm.Listen(addr)
 		require.NoError(t, err)
 		defer l.Close()
 		done := make(chan error, 1)
@@ -43,11 +43,11 @@ func serveOne(ctx context.Context, l *rdmacm.Listener) error {
 	// Post the receive before accepting: on iWARP a SEND that finds none
 	// ends the connection.
 	var mr *verbs.MR
-	conn, err := req.AcceptWith(ctx, nil, func(c *rdmacm.Conn) (err error) {
-		if mr, err = c.RegisterMemory(4096, verbs.AccessLocalWrite); err != nil {
+	conn, err := req.AcceptWith(ctx, nil, func(s rdmacm.Setup) (err error) {
+		if mr, err = s.RegisterMemory(4096, verbs.AccessLocalWrite); err != nil {
 			return err
 		}
-		return c.PostRecv(mr, 0, 4096)
+		return s.PostRecv(mr, 0, 4096)
 	})
 	if err != nil {
 		return err
@@ -64,7 +64,7 @@ func serveOne(ctx context.Context, l *rdmacm.Listener) error {
 
 // ask sends msg to the server at addr ("10.0.0.1:7471") and returns its answer.
 func ask(ctx context.Context, addr, msg string) (string, error) {
-	conn, err := rdmacm.Dial(ctx, addr, nil)
+	conn, err := rdmacm.Dial(ctx, addr)
 	if err != nil {
 		return "", err
 	}

@@ -34,7 +34,7 @@ func errnoOf(err error) syscall.Errno {
 // endpoint is one side of a connection while it is being set up.
 type endpoint struct {
 	op     string // "dial", "accept", "join multicast"
-	o      *Options
+	o      *settings
 	id     *ID
 	local  netip.AddrPort
 	remote netip.AddrPort
@@ -45,8 +45,8 @@ type endpoint struct {
 	connecting bool
 	// issuedAt is when the current step's request went out, for its trace.
 	issuedAt time.Time
-	// c is the Conn being made, once BeforeConnect has seen it.
-	c *Conn
+	// c is the connection being made, once BeforeConnect has seen it.
+	c *conn
 }
 
 func (e *endpoint) fail(step string, kind, err error) *OpError {
@@ -93,7 +93,7 @@ func timeoutHint(step string) string {
 	case "accept":
 		return "the peer did not complete the handshake (it may have given up or gone away)"
 	}
-	return "raise the step's timeout in Options if the network is slow"
+	return "raise the step's timeout in the Dialer or ConnConfig if the network is slow"
 }
 
 // setOptions applies the id options that must precede resolution.
@@ -210,7 +210,7 @@ func (e *endpoint) checkMode() error {
 		return oe
 	}
 	if e.o.Mode == ModeManual && e.iwarp {
-		oe := e.fail(e.op, ErrManualOnIWARP, nil)
+		oe := e.fail(e.op, nil, verbs.ErrIWARPManual)
 		oe.Hint = "on iWARP the CM and the provider move the QP to RTS themselves (siw fails a user RTS with EINVAL); use ModeCM"
 		return oe
 	}
@@ -239,7 +239,7 @@ func (e *endpoint) prepare() error {
 	}
 	for _, s := range o.shared() {
 		if why, hint := s.mismatch(dev.Info.Name, contextKey(dev)); why != "" {
-			oe := e.fail("use Options."+s.field, nil, errors.New(why))
+			oe := e.fail("use ConnConfig."+s.field, nil, errors.New(why))
 			oe.Hint = hint
 			return oe
 		}
@@ -279,9 +279,9 @@ func (e *endpoint) prepare() error {
 }
 
 // sharedObject is a verbs object the caller lends the connection
-// (Options.PD, SendCQ, RecvCQ).
+// (ConnConfig.PD, SendCQ, RecvCQ).
 type sharedObject struct {
-	field  string // the Options field
+	field  string // the ConnConfig field
 	noun   string // "PD", "CQ"
 	verb   string // "allocate", "create"
 	users  string // what must be closed before it
@@ -290,7 +290,7 @@ type sharedObject struct {
 }
 
 // shared lists the objects o lends.
-func (o *Options) shared() []sharedObject {
+func (o *settings) shared() []sharedObject {
 	var s []sharedObject
 	if o.PD != nil {
 		s = append(s, sharedObject{"PD", "PD", "allocate", "connection and MR", vbridge.PD(o.PD) == nil, o.PD.Device()})
@@ -312,13 +312,13 @@ func (o *Options) shared() []sharedObject {
 func (s sharedObject) mismatch(dev string, ctx uintptr) (why, hint string) {
 	switch d := s.owner; {
 	case s.closed || d == nil:
-		return fmt.Sprintf("Options.%s is closed", s.field),
+		return fmt.Sprintf("ConnConfig.%s is closed", s.field),
 			fmt.Sprintf("close the %s only after the last %s using it", s.noun, s.users)
 	case d.Info.Name != dev:
-		return fmt.Sprintf("Options.%s belongs to %s, but the connection goes through %s", s.field, d.Info.Name, dev),
+		return fmt.Sprintf("ConnConfig.%s belongs to %s, but the connection goes through %s", s.field, d.Info.Name, dev),
 			fmt.Sprintf("use a %s per device, this one %sd on rdmacm.OpenDevice(%q)", s.noun, s.verb, dev)
 	case ctx != 0 && contextKey(d) != ctx:
-		return fmt.Sprintf("Options.%s was %sd on a context of %s other than librdmacm's", s.field, s.verb, dev),
+		return fmt.Sprintf("ConnConfig.%s was %sd on a context of %s other than librdmacm's", s.field, s.verb, dev),
 			fmt.Sprintf("librdmacm creates the QP on its own context (a context from verbs.Open is another one): "+
 				"%s the %s on rdmacm.OpenDevice(%q)", s.verb, s.noun, dev)
 	}
@@ -333,7 +333,7 @@ func (e *endpoint) resourceError(step string, err error) error {
 		oe.Hint = "siw: this process's device context has used up its queue mappings: rdma-core 44's libsiw " +
 			"takes the kernel's mmap offset 0x90000 for SIW_INVAL_UOBJ_KEY, so about 143 pages of CQs and " +
 			"QP queues fit in one process: some 35 connection ends with two CQs each, about 70 sharing their CQs " +
-			"(Options.SendCQ and RecvCQ)"
+			"(ConnConfig.SendCQ and RecvCQ)"
 	case errors.Is(err, syscall.EMFILE):
 		oe.Hint = "out of file descriptors: each connection holds two (its CQs' completion channels) and, once it waits, " +
 			"two more (their registrations with Go's poller); " +
@@ -420,11 +420,11 @@ func (e *endpoint) rdAtomic(p *ConnParam, peer *ConnParam) error {
 		return e.fail("query device", nil, err)
 	}
 	rr, depth := a.MaxQPRdAtom, a.MaxQPInitRdAtom
-	if e.o.ResponderResources != 0 {
-		rr = min(rr, int(e.o.ResponderResources))
+	if e.o.ResponderResources >= 0 {
+		rr = min(rr, e.o.ResponderResources)
 	}
-	if e.o.InitiatorDepth != 0 {
-		depth = min(depth, int(e.o.InitiatorDepth))
+	if e.o.InitiatorDepth >= 0 {
+		depth = min(depth, e.o.InitiatorDepth)
 	}
 	if peer != nil {
 		rr = min(rr, int(peer.InitiatorDepth))
@@ -434,26 +434,26 @@ func (e *endpoint) rdAtomic(p *ConnParam, peer *ConnParam) error {
 	return nil
 }
 
-// early is the Conn being made, before the connection is up: what
+// early is the connection being made, before it is up: what
 // BeforeConnect sees. Its memory goes into the endpoint's resources, so
 // that abort releases it.
-func (e *endpoint) early() *Conn {
+func (e *endpoint) early() *conn {
 	if e.c == nil {
-		e.c = &Conn{QP: e.res.qp, SendCQ: e.res.scq, RecvCQ: e.res.rcq, PD: e.res.pd, Device: e.res.dev,
+		e.c = &conn{qp: e.res.qp, scq: e.res.scq, rcq: e.res.rcq, pd: e.res.pd, dev: e.res.dev,
 			opts: *e.o, id: e.id, done: make(chan struct{}), res: &e.res}
-		e.c.path = Path{Local: e.local, Remote: e.remote, Device: e.id.DeviceName(), Port: e.id.Port(),
+		e.c.path = Route{Local: e.local, Remote: e.remote, Device: e.id.DeviceName(), Port: e.id.Port(),
 			GIDIndex: -1, Mode: e.o.Mode}
 	}
 	return e.c
 }
 
-// beforeConnect runs Options.BeforeConnect, if any.
+// beforeConnect runs ConnConfig.BeforeConnect, if any.
 func (e *endpoint) beforeConnect() error {
 	if e.o.BeforeConnect == nil {
 		return nil
 	}
 	if err := e.o.BeforeConnect(e.early()); err != nil {
-		step := "set up before connecting" // Options.BeforeConnect
+		step := "set up before connecting" // ConnConfig.BeforeConnect
 		if e.op == "accept" {
 			step = "set up before accepting" // and ConnRequest.AcceptWith's setup
 		}
@@ -462,28 +462,28 @@ func (e *endpoint) beforeConnect() error {
 	return nil
 }
 
-// conn assembles the Conn once the connection is up and routes the id's
+// conn assembles the connection once the connection is up and routes the id's
 // later events to it.
-func (e *endpoint) conn(peerData []byte, mode Mode) *Conn {
+func (e *endpoint) conn(peerData []byte, mode Mode) *conn {
 	c := e.early()
 	c.peerData = peerData
 	res := e.res
 	c.res = &res
 	e.res = resources{}
-	c.path = Path{Local: e.id.LocalAddr(), Remote: e.id.RemoteAddr(), Device: e.id.DeviceName(), Port: e.id.Port(),
-		Transport: c.Device.Info.Transport, GIDIndex: -1, Mode: mode}
+	c.path = Route{Local: e.id.LocalAddr(), Remote: e.id.RemoteAddr(), Device: e.id.DeviceName(), Port: e.id.Port(),
+		Transport: c.dev.Info.Transport, GIDIndex: -1, Mode: mode}
 	if !c.path.Remote.IsValid() {
 		c.path.Remote = e.remote
 	}
 	switch {
 	case c.path.Transport == verbs.TransportIWARP:
 		c.path.Kind = verbs.KindIWARP
-	case c.QP.Type == verbs.QPTypeUD:
+	case c.qp.Type == verbs.QPTypeUD:
 		// The port was queried for its MTU; a dialer's GID index comes
 		// with the peer's AH.
 		c.path.Kind, c.path.MTU = verbs.KindOf(c.path.Transport, e.port.LinkLayer), e.port.ActiveMTU
 	default:
-		if a, err := c.QP.Query(verbs.AttrAV | verbs.AttrPathMTU); err == nil {
+		if a, err := c.qp.Query(verbs.AttrAV | verbs.AttrPathMTU); err == nil {
 			c.path.GIDIndex, c.path.MTU = int(a.AH.GRH.SGIDIndex), a.PathMTU
 		}
 	}

@@ -6,21 +6,21 @@ import (
 )
 
 // Step is one stage of setting up or tearing down a connection, as
-// Options.Trace reports it. The stages are those rdma-core's cmtime times.
+// ConnConfig.Trace reports it. The stages are those rdma-core's cmtime times.
 type Step int
 
 const (
 	StepCreateID     Step = iota // rdma_create_id
 	StepResolveAddr              // rdma_resolve_addr until ADDR_RESOLVED, retries included
 	StepResolveRoute             // rdma_resolve_route until ROUTE_RESOLVED, retries included
-	StepCreateQP                 // PD (unless Options.PD), CQs and QP
+	StepCreateQP                 // PD (unless ConnConfig.PD), CQs and QP
 	StepInitQP                   // ModeManual: rdma_init_qp_attr and ibv_modify_qp to INIT
 	StepRTRQP                    // ModeManual: ... to RTR
 	StepRTSQP                    // ModeManual: ... to RTS
 	StepConnect                  // rdma_connect or rdma_accept until the peer's answer (ModeManual dial: CONNECT_RESPONSE)
 	StepEstablish                // ModeManual dial: rdma_establish, the RTU
 	StepDisconnect               // rdma_disconnect until DISCONNECTED
-	StepDestroyQP                // QP, memory, CQs and PD (unless Options.PD) released
+	StepDestroyQP                // QP, memory, CQs and PD (unless ConnConfig.PD) released
 	StepDestroyID                // rdma_destroy_id
 	numSteps
 )
@@ -45,7 +45,7 @@ func Steps() []Step {
 }
 
 // trace reports a step that completed, if the caller asked.
-func (o *Options) trace(s Step, start time.Time) {
+func (o *settings) trace(s Step, start time.Time) {
 	if o.Trace != nil {
 		o.Trace(s, start, time.Since(start))
 	}

@@ -79,16 +79,16 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	})
 }
 
-// options are the C tool's: one-entry queues, one read in flight, no
+// listenConfig is the C tool's: one-entry queues, one read in flight, no
 // private data.
-func options(c config) *rdmacm.Options {
-	return &rdmacm.Options{
+var listenConfig = rdmacm.ListenConfig{
+	ConnConfig: rdmacm.ConnConfig{
 		Cap:                verbs.QPCap{MaxSendWR: 1, MaxRecvWR: 1, MaxSendSGE: 1, MaxRecvSGE: 1},
 		RawPrivateData:     true,
 		ResponderResources: 1,
 		InitiatorDepth:     1,
-		Backlog:            1024,
-	}
+	},
+	Backlog: 1024,
 }
 
 func serve(ctx context.Context, c config, out io.Writer) error {
@@ -96,7 +96,7 @@ func serve(ctx context.Context, c config, out io.Writer) error {
 	if addr == "" {
 		addr = "0.0.0.0"
 	}
-	l, err := rdmacm.Listen(net.JoinHostPort(addr, strconv.Itoa(c.port)), options(c))
+	l, err := listenConfig.Listen(ctx, net.JoinHostPort(addr, strconv.Itoa(c.port)))
 	if err != nil {
 		return err
 	}

@@ -123,8 +123,8 @@ func measure(ctx context.Context, c config, out io.Writer) error {
 // loopback runs a server and a client over address's device.
 func loopback(ctx context.Context, c config, address string) (*results, error) {
 	addr := net.JoinHostPort(address, strconv.Itoa(defaultPort))
-	opts, mem := serverOptions()
-	l, err := rdmacm.Listen(addr, opts)
+	lc, mem := serverConfig()
+	l, err := lc.Listen(ctx, addr)
 	if err != nil {
 		return nil, err
 	}
@@ -146,8 +146,8 @@ func loopback(ctx context.Context, c config, address string) (*results, error) {
 }
 
 func serveOne(ctx context.Context, addr string) error {
-	opts, mem := serverOptions()
-	l, err := rdmacm.Listen(addr, opts)
+	lc, mem := serverConfig()
+	l, err := lc.Listen(ctx, addr)
 	if err != nil {
 		return err
 	}
@@ -171,7 +171,7 @@ type receives struct{ mr *verbs.MR }
 
 // postReceives registers the slots and posts a receive on each. It runs in
 // BeforeConnect, so that the peer may send the moment it is connected.
-func postReceives(conn *rdmacm.Conn) (*receives, error) {
+func postReceives(conn rdmacm.Setup) (*receives, error) {
 	mr, err := conn.RegisterMemory(rxDepth*maxMsg, verbs.AccessLocalWrite)
 	if err != nil {
 		return nil, err
@@ -181,7 +181,7 @@ func postReceives(conn *rdmacm.Conn) (*receives, error) {
 	for i := range wrs {
 		wrs[i] = r.wr(i)
 	}
-	return r, conn.QP.PostRecv(wrs...)
+	return r, conn.QP().PostRecv(wrs...)
 }
 
 func (r *receives) wr(slot int) verbs.RecvWR {
@@ -205,18 +205,21 @@ type serverMemory struct {
 	window *verbs.MR
 }
 
-// serverOptions register the server's memory and post its receives before
-// the accept, so that the client may send at once.
-func serverOptions() (*rdmacm.Options, *serverMemory) {
+// serverConfig registers the server's memory and posts its receives
+// before the accept, so that the client may send at once.
+func serverConfig() (*rdmacm.ListenConfig, *serverMemory) {
 	mem := &serverMemory{}
-	return &rdmacm.Options{Cap: capacity(), BeforeConnect: func(conn *rdmacm.Conn) error {
+	lc := &rdmacm.ListenConfig{}
+	lc.Cap = capacity()
+	lc.BeforeConnect = func(conn rdmacm.Setup) error {
 		var err error
 		if mem.window, err = conn.RegisterMemory(maxMsg, verbs.AccessLocalWrite|verbs.AccessRemoteWrite); err != nil {
 			return err
 		}
 		mem.recv, err = postReceives(conn)
 		return err
-	}}, mem
+	}
+	return lc, mem
 }
 
 // echo answers the client's hello with the window, then returns each
@@ -239,11 +242,11 @@ func echo(ctx context.Context, conn *rdmacm.Conn, mem *serverMemory) error {
 		}
 	}()
 	p := poller{conn: conn, idle: idle}
-	hello, err := p.next(ctx, conn.RecvCQ)
+	hello, err := p.next(ctx, conn.RecvCQ())
 	if err != nil {
 		return fmt.Errorf("waiting for the client's hello: %w", err)
 	}
-	if err := mem.recv.repost(conn.QP, hello); err != nil {
+	if err := mem.recv.repost(conn.QP(), hello); err != nil {
 		return err
 	}
 	window := mem.window
@@ -252,7 +255,7 @@ func echo(ctx context.Context, conn *rdmacm.Conn, mem *serverMemory) error {
 		return err
 	}
 	for {
-		wc, err := p.next(ctx, conn.RecvCQ)
+		wc, err := p.next(ctx, conn.RecvCQ())
 		if err != nil {
 			return err
 		}
@@ -260,7 +263,7 @@ func echo(ctx context.Context, conn *rdmacm.Conn, mem *serverMemory) error {
 		if err := p.send(ctx, mem.recv.mr, int(wc.ID)*maxMsg, n); err != nil {
 			return err
 		}
-		if err := mem.recv.repost(conn.QP, wc); err != nil {
+		if err := mem.recv.repost(conn.QP(), wc); err != nil {
 			return err
 		}
 		if n == 0 {
@@ -345,13 +348,13 @@ func (p *poller) send(ctx context.Context, mr *verbs.MR, off, n int) error {
 	if signaled {
 		wr.Flags |= verbs.SendSignaled
 	}
-	if err := p.conn.QP.PostSend(wr); err != nil {
+	if err := p.conn.QP().PostSend(wr); err != nil {
 		return err
 	}
 	if !signaled {
 		return nil
 	}
-	_, err := p.next(ctx, p.conn.SendCQ)
+	_, err := p.next(ctx, p.conn.SendCQ())
 	return err
 }
 
@@ -362,7 +365,7 @@ func signaledSend(n, k int) bool {
 }
 
 type results struct {
-	Path      rdmacm.Path   `json:"-"`
+	Route     rdmacm.Route  `json:"-"`
 	Device    string        `json:"device"`
 	Transport string        `json:"transport"`
 	GIDIndex  int           `json:"gid_index"` // -1 on iWARP
@@ -383,18 +386,21 @@ type latencyRow struct {
 
 func dialAndMeasure(ctx context.Context, c config, addr string) (*results, error) {
 	var recv *receives
-	opts := &rdmacm.Options{Cap: capacity(), BeforeConnect: func(conn *rdmacm.Conn) error {
+	var d rdmacm.Dialer
+	d.Cap = capacity()
+	d.BeforeConnect = func(conn rdmacm.Setup) error {
 		var err error
 		recv, err = postReceives(conn) // the first takes the server's window, the answer to our hello
 		return err
-	}}
+	}
 	start := time.Now()
-	conn, err := rdmacm.Dial(ctx, addr, opts)
+	conn, err := d.Dial(ctx, addr)
 	if err != nil {
 		return nil, err
 	}
 	defer conn.Close()
-	r := &results{Path: conn.Path(), Device: conn.Path().Device, Transport: conn.Path().Transport.String(), GIDIndex: conn.Path().GIDIndex,
+	route := conn.Route()
+	r := &results{Route: route, Device: route.Device, Transport: route.Transport.String(), GIDIndex: route.GIDIndex,
 		Setup: time.Since(start), BWSize: c.bwSize, BWIters: c.bwIters}
 	send, err := conn.RegisterMemory(maxMsg, verbs.AccessLocalWrite)
 	if err != nil {
@@ -405,7 +411,7 @@ func dialAndMeasure(ctx context.Context, c config, addr string) (*results, error
 	if err := p.send(ctx, send, 0, 1); err != nil {
 		return nil, fmt.Errorf("saying hello: %w", err)
 	}
-	wc, err := p.next(ctx, conn.RecvCQ)
+	wc, err := p.next(ctx, conn.RecvCQ())
 	if err != nil {
 		return nil, fmt.Errorf("waiting for the server's window: %w", err)
 	}
@@ -413,7 +419,7 @@ func dialAndMeasure(ctx context.Context, c config, addr string) (*results, error
 	if err != nil {
 		return nil, err
 	}
-	if err := recv.repost(conn.QP, wc); err != nil {
+	if err := recv.repost(conn.QP(), wc); err != nil {
 		return nil, err
 	}
 	for _, size := range c.sizes {
@@ -430,7 +436,7 @@ func dialAndMeasure(ctx context.Context, c config, addr string) (*results, error
 	if err := p.send(ctx, send, 0, 0); err != nil {
 		return nil, err
 	}
-	if _, err := p.next(ctx, conn.RecvCQ); err != nil {
+	if _, err := p.next(ctx, conn.RecvCQ()); err != nil {
 		return nil, err
 	}
 	return r, conn.Close()
@@ -447,11 +453,11 @@ func measureLatency(ctx context.Context, p *poller, send *verbs.MR, recv *receiv
 		if err := p.send(ctx, send, 0, size); err != nil {
 			return latencyRow{}, err
 		}
-		wc, err := p.next(ctx, p.conn.RecvCQ)
+		wc, err := p.next(ctx, p.conn.RecvCQ())
 		if err != nil {
 			return latencyRow{}, err
 		}
-		if err := recv.repost(p.conn.QP, wc); err != nil {
+		if err := recv.repost(p.conn.QP(), wc); err != nil {
 			return latencyRow{}, err
 		}
 		if i >= warmUp {
@@ -485,11 +491,11 @@ func measureBandwidth(ctx context.Context, p *poller, src *verbs.MR, window rdma
 			}
 			posted += k
 			batch[k-1].Flags, batch[k-1].ID = verbs.SendSignaled, uint64(posted)
-			if err := p.conn.QP.PostSend(batch[:k]...); err != nil {
+			if err := p.conn.QP().PostSend(batch[:k]...); err != nil {
 				return 0, err
 			}
 		}
-		n, err := p.conn.SendCQ.Poll(p.wc[:])
+		n, err := p.conn.SendCQ().Poll(p.wc[:])
 		if err != nil {
 			return 0, err
 		}
@@ -510,7 +516,7 @@ func report(out io.Writer, c config, r *results) error {
 	if c.json {
 		return json.NewEncoder(out).Encode(r)
 	}
-	fmt.Fprintf(out, "\n%s\n", r.Path)
+	fmt.Fprintf(out, "\n%s\n", r.Route)
 	fmt.Fprintf(out, "  connected in %.1f ms (resolve address and route, create the QP, connect)\n", float64(r.Setup)/1e6)
 	fmt.Fprintf(out, "  latency, %d round trips each:   p50       p90       p99       max\n", c.iters)
 	for _, l := range r.Latency {

@@ -70,11 +70,14 @@ func TestServerWaitsForTheClientToSpeakFirst(t *testing.T) {
 	srv.WaitListening(t, ctx, addr)
 
 	var recv *receives
-	conn, err := rdmacm.Dial(ctx, addr.String(), &rdmacm.Options{Cap: capacity(), BeforeConnect: func(c *rdmacm.Conn) error {
+	var d rdmacm.Dialer
+	d.Cap = capacity()
+	d.BeforeConnect = func(s rdmacm.Setup) error {
 		var err error
-		recv, err = postReceives(c)
+		recv, err = postReceives(s)
 		return err
-	}})
+	}
+	conn, err := d.Dial(ctx, addr.String())
 	require.NoError(t, err)
 	defer conn.Close()
 	send, err := conn.RegisterMemory(maxMsg, verbs.AccessLocalWrite)
@@ -82,21 +85,21 @@ func TestServerWaitsForTheClientToSpeakFirst(t *testing.T) {
 
 	wc := make([]verbs.WorkCompletion, 1)
 	for deadline := time.Now().Add(500 * time.Millisecond); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		n, err := conn.RecvCQ.Poll(wc)
+		n, err := conn.RecvCQ().Poll(wc)
 		require.NoError(t, err)
 		require.Zero(t, n, "the server sent before the client's first message")
 	}
 
 	p := poller{conn: conn}
 	require.NoError(t, p.send(ctx, send, 0, 1))
-	got, err := p.next(ctx, conn.RecvCQ)
+	got, err := p.next(ctx, conn.RecvCQ())
 	require.NoError(t, err)
 	window, err := rdmacm.ParseRemoteBuffer(recv.slot(got))
 	require.NoError(t, err, "the answer to the hello is the server's window")
 	assert.EqualValues(t, maxMsg, window.Len)
 
 	require.NoError(t, p.send(ctx, send, 0, 0)) // goodbye, echoed
-	_, err = p.next(ctx, conn.RecvCQ)
+	_, err = p.next(ctx, conn.RecvCQ())
 	require.NoError(t, err)
 	require.NoError(t, conn.Close())
 	require.NoError(t, srv.Wait())

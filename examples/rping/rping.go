@@ -71,7 +71,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	opts := &rdmacm.Options{
+	cc := rdmacm.ConnConfig{
 		// rping's queues: 16 sends, 2 receives, one SGE each.
 		Cap:            verbs.QPCap{MaxSendWR: 16, MaxRecvWR: 2, MaxSendSGE: 1, MaxRecvSGE: 1},
 		RawPrivateData: true, // C rping sends none and expects none
@@ -80,17 +80,18 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		InitiatorDepth:     1,
 	}
 	if c.manual {
-		opts.Mode = rdmacm.ModeManual
+		cc.Mode = rdmacm.ModeManual
 	}
+	if c.server {
+		return serve(ctx, c, rdmacm.ListenConfig{ConnConfig: cc, Backlog: 3}, out)
+	}
+	d := rdmacm.Dialer{ConnConfig: cc}
 	if c.source != "" {
-		if opts.Source, err = netip.ParseAddr(c.source); err != nil {
+		if d.Source, err = netip.ParseAddr(c.source); err != nil {
 			return fmt.Errorf("source address: %w", err)
 		}
 	}
-	if c.server {
-		return serve(ctx, c, opts, out)
-	}
-	return ping(ctx, c, opts, out)
+	return ping(ctx, c, d, out)
 }
 
 func hostPort(addr string, port int) string {
@@ -103,14 +104,15 @@ type receiver struct {
 	mr   *verbs.MR
 }
 
-// post is for Options.BeforeConnect: the first receive is up before the
-// peer can send (on iWARP a SEND with no receive would end the connection).
-func (r *receiver) post(c *rdmacm.Conn) error {
+// post is for ConnConfig.BeforeConnect: the first receive is up before
+// the peer can send (on iWARP a SEND with no receive would end the
+// connection).
+func (r *receiver) post(s rdmacm.Setup) error {
 	var err error
-	if r.mr, err = c.RegisterMemory(adSize, verbs.AccessLocalWrite); err != nil {
+	if r.mr, err = s.RegisterMemory(adSize, verbs.AccessLocalWrite); err != nil {
 		return err
 	}
-	return c.PostRecv(r.mr, 0, adSize)
+	return s.PostRecv(r.mr, 0, adSize)
 }
 
 // next waits for the peer's next 16-byte message and posts the receive for
@@ -151,10 +153,10 @@ func cstring(buf []byte) []byte {
 	return buf
 }
 
-func ping(ctx context.Context, c config, opts *rdmacm.Options, out io.Writer) error {
+func ping(ctx context.Context, c config, d rdmacm.Dialer, out io.Writer) error {
 	r := &receiver{}
-	opts.BeforeConnect = r.post
-	conn, err := rdmacm.Dial(ctx, hostPort(c.addr, c.port), opts)
+	d.BeforeConnect = r.post
+	conn, err := d.Dial(ctx, hostPort(c.addr, c.port))
 	if err != nil {
 		return err
 	}
@@ -200,15 +202,14 @@ func ping(ctx context.Context, c config, opts *rdmacm.Options, out io.Writer) er
 	return conn.Close()
 }
 
-func serve(ctx context.Context, c config, opts *rdmacm.Options, out io.Writer) error {
-	opts.Backlog = 3
+func serve(ctx context.Context, c config, lc rdmacm.ListenConfig, out io.Writer) error {
 	r := &receiver{}
-	opts.BeforeConnect = r.post
+	lc.BeforeConnect = r.post
 	addr := c.addr
 	if addr == "" {
 		addr = "0.0.0.0"
 	}
-	l, err := rdmacm.Listen(hostPort(addr, c.port), opts)
+	l, err := lc.Listen(ctx, hostPort(addr, c.port))
 	if err != nil {
 		return err
 	}
@@ -238,7 +239,7 @@ func serve(ctx context.Context, c config, opts *rdmacm.Options, out io.Writer) e
 		if int(src.Len) > c.size {
 			return fmt.Errorf("ping %d: the client's ping is %d bytes, more than this server's -S %d", n, src.Len, c.size)
 		}
-		if err := conn.Read(ctx, buf, 0, int(src.Len), src); err != nil {
+		if err := conn.RDMARead(ctx, buf, 0, int(src.Len), src); err != nil {
 			return fmt.Errorf("ping %d: %w", n, err)
 		}
 		data := cstring(buf.Bytes()[:src.Len])
@@ -253,7 +254,7 @@ func serve(ctx context.Context, c config, opts *rdmacm.Options, out io.Writer) e
 			return fmt.Errorf("ping %d: waiting for the client's sink buffer: %w", n, err)
 		}
 		// Echo the string and its NUL, as C rping does.
-		if err := conn.Write(ctx, buf, 0, min(len(data)+1, int(src.Len)), sink); err != nil {
+		if err := conn.RDMAWrite(ctx, buf, 0, min(len(data)+1, int(src.Len)), sink); err != nil {
 			return fmt.Errorf("ping %d: %w", n, err)
 		}
 		if err := conn.Send(ctx, goAhead, 0, adSize); err != nil {

@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rdmago/rdmago/examples/internal/interop"
-	"github.com/rdmago/rdmago/rdmacm"
+	"github.com/rdmago/rdmago/verbs"
 )
 
 const pings = 20
@@ -122,14 +122,14 @@ func TestManualRefusedOnIWARP(t *testing.T) {
 	a, p := addr.Addr().String(), fmt.Sprint(addr.Port())
 
 	err := run(ctx, []string{"-s", "-q", "-a", a, "-p", p}, &bytes.Buffer{})
-	require.ErrorIs(t, err, rdmacm.ErrManualOnIWARP)
+	require.ErrorIs(t, err, verbs.ErrIWARPManual)
 	assert.Contains(t, err.Error(), "siw0")
 
 	srv := interop.Start(t, ctx, "rping", "-s", "-a", a, "-p", p)
 	srv.WaitListening(t, ctx, addr)
 	start := time.Now()
 	err = run(ctx, []string{"-c", "-q", "-a", a, "-p", p, "-C", "1"}, &bytes.Buffer{})
-	require.ErrorIs(t, err, rdmacm.ErrManualOnIWARP)
+	require.ErrorIs(t, err, verbs.ErrIWARPManual)
 	assert.Less(t, time.Since(start), 5*time.Second)
 	t.Logf("refused with: %v", err)
 }

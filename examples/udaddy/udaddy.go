@@ -84,7 +84,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 // slots of GRH plus size bytes, and one send buffer.
 type endpoint struct {
 	c    config
-	conn *rdmacm.Conn
+	conn *rdmacm.UDConn
 	mr   *verbs.MR
 }
 
@@ -92,26 +92,24 @@ func (e *endpoint) slot(i int) int { return i * (verbs.GRHSize + e.c.size) }
 
 func (e *endpoint) sendOff() int { return e.slot(e.c.count) }
 
-// options posts every receive before the connection exists, as udaddy does:
-// datagrams that find no receive are dropped.
-func (e *endpoint) options() *rdmacm.Options {
+// config posts every receive before the connection exists, as udaddy
+// does: datagrams that find no receive are dropped.
+func (e *endpoint) config() rdmacm.ConnConfig {
 	n := uint32(e.c.count)
-	return &rdmacm.Options{
-		QPType:         verbs.QPTypeUD,
+	return rdmacm.ConnConfig{
 		Cap:            verbs.QPCap{MaxSendWR: n, MaxRecvWR: n, MaxSendSGE: 1, MaxRecvSGE: 1},
 		RawPrivateData: true,
-		Backlog:        e.c.conns,
 		BeforeConnect:  e.prepost,
 	}
 }
 
-func (e *endpoint) prepost(conn *rdmacm.Conn) error {
+func (e *endpoint) prepost(s rdmacm.Setup) error {
 	var err error
-	if e.mr, err = conn.RegisterMemory(e.slot(e.c.count)+e.c.size, verbs.AccessLocalWrite); err != nil {
+	if e.mr, err = s.RegisterMemory(e.slot(e.c.count)+e.c.size, verbs.AccessLocalWrite); err != nil {
 		return err
 	}
 	for i := 0; i < e.c.count; i++ {
-		if err := conn.PostRecv(e.mr, e.slot(i), verbs.GRHSize+e.c.size); err != nil {
+		if err := s.PostRecv(e.mr, e.slot(i), verbs.GRHSize+e.c.size); err != nil {
 			return err
 		}
 	}
@@ -121,8 +119,8 @@ func (e *endpoint) prepost(conn *rdmacm.Conn) error {
 // checkSize refuses datagrams larger than the path MTU, which the device
 // would drop.
 func (e *endpoint) checkSize() error {
-	if mtu := e.conn.Path().MTU; mtu.Valid() && e.c.size > mtu.Bytes() {
-		return fmt.Errorf("message size %d is larger than the path MTU %d of %s", e.c.size, mtu.Bytes(), e.conn.Path().Device)
+	if mtu := e.conn.Route().MTU; mtu.Valid() && e.c.size > mtu.Bytes() {
+		return fmt.Errorf("message size %d is larger than the path MTU %d of %s", e.c.size, mtu.Bytes(), e.conn.Route().Device)
 	}
 	return nil
 }
@@ -134,23 +132,23 @@ func (e *endpoint) sendAll(ctx context.Context, peer rdmacm.UDPeer) error {
 	for i := range buf[:e.c.size] {
 		buf[i] = byte(i)
 	}
-	wr := verbs.SendWR{Opcode: verbs.OpSendWithImm, Flags: verbs.SendSignaled, Imm: e.conn.QP.QPN,
+	wr := verbs.SendWR{Opcode: verbs.OpSendWithImm, Flags: verbs.SendSignaled, Imm: e.conn.QP().QPN,
 		SGEs: []verbs.SGE{e.mr.SGE(e.sendOff(), e.c.size)}, AH: peer.AH, RemoteQPN: peer.QPN, RemoteQKey: peer.QKey}
 	for i := 0; i < e.c.count; i++ {
 		wr.ID = uint64(i)
-		if err := e.conn.QP.PostSend(wr); err != nil {
+		if err := e.conn.QP().PostSend(wr); err != nil {
 			return fmt.Errorf("posting datagram %d: %w", i, err)
 		}
 	}
 	wcs := make([]verbs.WorkCompletion, e.c.count)
 	for done := 0; done < e.c.count; {
-		n, err := e.conn.SendCQ.PollWait(ctx, wcs)
+		n, err := e.conn.SendCQ().PollWait(ctx, wcs)
 		if err != nil {
 			return fmt.Errorf("waiting for sends: %w", err)
 		}
 		for _, wc := range wcs[:n] {
 			if wc.Status != verbs.WCSuccess {
-				return fmt.Errorf("datagram %d: %w", wc.ID, &rdmacm.CompletionError{Status: wc.Status, Vendor: wc.VendorErr})
+				return fmt.Errorf("datagram %d: %w", wc.ID, &verbs.CompletionError{WC: wc})
 			}
 		}
 		done += n
@@ -196,9 +194,8 @@ func connectAll(ctx context.Context, c config, out io.Writer) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			o := eps[i].options()
-			o.Source = src
-			eps[i].conn, errs[i] = rdmacm.Dial(ctx, dst, o)
+			d := rdmacm.Dialer{ConnConfig: eps[i].config(), Source: src}
+			eps[i].conn, errs[i] = d.DialUD(ctx, dst)
 		}()
 	}
 	wg.Wait()
@@ -242,9 +239,9 @@ func serve(ctx context.Context, c config, out io.Writer) error {
 		eps[i] = &endpoint{c: c}
 	}
 	next := 0
-	o := eps[0].options()
-	o.BeforeConnect = func(conn *rdmacm.Conn) error { return eps[next].prepost(conn) }
-	l, err := rdmacm.Listen(net.JoinHostPort(addr, strconv.Itoa(c.port)), o)
+	lc := rdmacm.ListenConfig{ConnConfig: eps[0].config(), Backlog: c.conns}
+	lc.BeforeConnect = func(s rdmacm.Setup) error { return eps[next].prepost(s) }
+	l, err := lc.ListenUD(ctx, net.JoinHostPort(addr, strconv.Itoa(c.port)))
 	if err != nil {
 		return err
 	}

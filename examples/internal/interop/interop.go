@@ -200,7 +200,7 @@ func warmUp(t testing.TB) {
 		if _, err := rdmacm.OpenDevice(name); err != nil {
 			t.Fatalf("warm-up on %s: %v", name, err)
 		}
-		l, err := rdmacm.Listen(Addr(t, name).String(), nil)
+		l, err := rdmacm.Listen(Addr(t, name).String())
 		if err != nil {
 			t.Fatalf("warm-up on %s: %v", name, err)
 		}
@@ -212,7 +212,7 @@ func warmUp(t testing.TB) {
 			}
 			return err
 		})
-		c, err := rdmacm.Dial(ctx, l.Addr().String(), nil)
+		c, err := rdmacm.Dial(ctx, l.Addr().String())
 		if err != nil {
 			t.Fatalf("warm-up on %s: %v", name, err)
 		}
