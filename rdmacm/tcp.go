@@ -156,7 +156,7 @@ func connectOverTCP(ctx context.Context, tcp net.Conn, o *Options, path *resolve
 		oe.Hint = "connect the TCP socket over the same family on both sides (its addresses pick the GIDs)"
 		return nil, nil, oe
 	}
-	cp := verbs.ConnParams{Type: verbs.QPTypeRC, Port: uint8(path.Port),
+	cp := verbs.QPSetup{Type: verbs.QPTypeRC, Port: uint8(path.Port),
 		Access: verbs.AccessLocalWrite | verbs.AccessRemoteWrite | verbs.AccessRemoteRead | verbs.AccessRemoteAtomic,
 		SQPSN:  me.PSN, Remote: verbs.Remote{QPN: peer.QPN, PSN: peer.PSN, GID: peer.GID, LID: peer.LID, ActiveMTU: peer.ActiveMTU},
 		Path: verbs.Path{Global: path.Kind == verbs.KindRoCE || path.GIDIndex >= 0, SGIDIndex: uint8(max(path.GIDIndex, 0)),

@@ -37,10 +37,10 @@ type Path struct {
 	LocalActiveMTU MTU
 }
 
-// ConnParams describe a QP's way from RESET to RTS. Zero fields take the
+// QPSetup describes a QP's way from RESET to RTS. Zero fields take the
 // defaults noted; every step is checked with ValidateAttr before it is returned,
 // and a caller may still adjust Step.Attr (and must keep Step.Mask in step).
-type ConnParams struct {
+type QPSetup struct {
 	Type      QPType
 	Port      uint8  // port number, from 1
 	PKeyIndex uint16 // usually 0
@@ -71,9 +71,9 @@ type ConnParams struct {
 // Steps returns the three modifies RESET→INIT→RTR→RTS for the QP type, as the
 // ibv_modify_qp reference shows them, with exactly the required attributes
 // (plus ACCESS_FLAGS where the type takes them).
-func (p ConnParams) Steps() ([]Step, error) {
+func (p QPSetup) Steps() ([]Step, error) {
 	if p.Port == 0 {
-		return nil, fmt.Errorf("verbs: %v QP: ConnParams.Port is required (ports are numbered from 1)", p.Type)
+		return nil, fmt.Errorf("verbs: %v QP: QPSetup.Port is required (ports are numbered from 1)", p.Type)
 	}
 	var steps []Step
 	switch p.Type {
@@ -121,7 +121,7 @@ func (p ConnParams) Steps() ([]Step, error) {
 	return steps, nil
 }
 
-func (p ConnParams) addressVector() (AHAttr, MTU, error) {
+func (p QPSetup) addressVector() (AHAttr, MTU, error) {
 	mtu := p.Path.MTU
 	if mtu == 0 {
 		if !p.Path.LocalActiveMTU.Valid() {

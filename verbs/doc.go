@@ -9,7 +9,7 @@
 // numbers, 3-bit retry counts, 5-bit timer codes) and ValidateForPort (RoCE
 // without GRH, a GID index outside the table, a path MTU above the active MTU,
 // manual transitions on iWARP). Timer attributes are codes, not durations:
-// ACKTimeoutFor, RNRTimerFor and MTUForNetdev translate. ConnParams builds the
+// ACKTimeoutFor, RNRTimerFor and MTUForNetdev translate. QPSetup builds the
 // RESET→INIT→RTR→RTS steps for RC, UC and UD.
 //
 // The cgo half is thin: devices, ports and GID tables (Devices, Open), PD, MR
