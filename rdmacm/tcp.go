@@ -159,7 +159,7 @@ func connectOverTCP(ctx context.Context, tcp net.Conn, o *Options, path *resolve
 	cp := verbs.QPSetup{Type: verbs.QPTypeRC, Port: uint8(path.Port),
 		Access: verbs.AccessLocalWrite | verbs.AccessRemoteWrite | verbs.AccessRemoteRead | verbs.AccessRemoteAtomic,
 		SQPSN:  me.PSN, Remote: verbs.Remote{QPN: peer.QPN, PSN: peer.PSN, GID: peer.GID, LID: peer.LID, ActiveMTU: peer.ActiveMTU},
-		Path: verbs.Path{Global: path.Kind == verbs.KindRoCE || path.GIDIndex >= 0, SGIDIndex: uint8(max(path.GIDIndex, 0)),
+		PathAttr: verbs.PathAttr{Global: path.Kind == verbs.KindRoCE || path.GIDIndex >= 0, SGIDIndex: uint8(max(path.GIDIndex, 0)),
 			LocalActiveMTU: port.ActiveMTU, TrafficClass: o.TOS},
 		Timeout: o.ACKTimeout, RetryCount: orSeven(o.RetryCount), RNRRetry: orSeven(o.RNRRetryCount),
 		MaxRdAtomic: 1, MaxDestRdAtomic: 1}
@@ -170,7 +170,7 @@ func connectOverTCP(ctx context.Context, tcp net.Conn, o *Options, path *resolve
 			mtu = m
 		}
 	}
-	cp.Path.MTU = mtu
+	cp.PathAttr.MTU = mtu
 	steps, err := cp.Steps()
 	if err != nil {
 		return nil, nil, where("QP attributes", err)

@@ -68,9 +68,9 @@ func (p *Path) Explain() string {
 	return b.String()
 }
 
-// ConnPath turns the path into the verbs.Path of a manual connection.
-func (p *Path) ConnPath() verbs.Path {
-	return verbs.Path{
+// PathAttr turns the path into the verbs.PathAttr of a manual connection.
+func (p *Path) PathAttr() verbs.PathAttr {
+	return verbs.PathAttr{
 		Global:         p.Kind == verbs.KindRoCE,
 		SGIDIndex:      uint8(max(p.GIDIndex, 0)),
 		HopLimit:       p.HopLimit,

@@ -21,8 +21,8 @@ type Remote struct {
 	ActiveMTU MTU
 }
 
-// Path says how packets reach the peer.
-type Path struct {
+// PathAttr says how packets reach the peer.
+type PathAttr struct {
 	// Global puts a GRH on the address vector: always on RoCE, across subnets on IB.
 	Global       bool
 	SGIDIndex    uint8 // local GID entry (RoCE: picks source IP, version and VLAN)
@@ -49,9 +49,9 @@ type QPSetup struct {
 	QKey   uint32 // UD: the QP's Q_Key
 	// SQPSN is the first PSN this QP sends (24 bits). CM-managed peers
 	// assign PSNs themselves: use the ones rdma_init_qp_attr returns.
-	SQPSN  uint32
-	Remote Remote // RC, UC
-	Path   Path   // RC, UC
+	SQPSN    uint32
+	Remote   Remote   // RC, UC
+	PathAttr PathAttr // RC, UC
 
 	// RC reliability: defaults Timeout 14 (≈67 ms), RetryCount 7, RNRRetry 7
 	// (infinite), MinRNRTimer 12 (0.64 ms). Code 0 of Timeout cannot be
@@ -122,24 +122,24 @@ func (p QPSetup) Steps() ([]Step, error) {
 }
 
 func (p QPSetup) addressVector() (AHAttr, MTU, error) {
-	mtu := p.Path.MTU
+	mtu := p.PathAttr.MTU
 	if mtu == 0 {
-		if !p.Path.LocalActiveMTU.Valid() {
-			return AHAttr{}, 0, fmt.Errorf("verbs: %v QP: set Path.MTU, or Path.LocalActiveMTU to negotiate it", p.Type)
+		if !p.PathAttr.LocalActiveMTU.Valid() {
+			return AHAttr{}, 0, fmt.Errorf("verbs: %v QP: set PathAttr.MTU, or PathAttr.LocalActiveMTU to negotiate it", p.Type)
 		}
-		mtu = p.Path.LocalActiveMTU
+		mtu = p.PathAttr.LocalActiveMTU
 		if p.Remote.ActiveMTU.Valid() && p.Remote.ActiveMTU < mtu {
 			mtu = p.Remote.ActiveMTU
 		}
 	}
-	ah := AHAttr{DLID: p.Remote.LID, SL: p.Path.SL, IsGlobal: p.Path.Global, PortNum: p.Port}
-	if p.Path.Global {
+	ah := AHAttr{DLID: p.Remote.LID, SL: p.PathAttr.SL, IsGlobal: p.PathAttr.Global, PortNum: p.Port}
+	if p.PathAttr.Global {
 		ah.GRH = GlobalRoute{
 			DGID:         p.Remote.GID,
-			SGIDIndex:    p.Path.SGIDIndex,
-			HopLimit:     orDefault(p.Path.HopLimit, 64),
-			TrafficClass: p.Path.TrafficClass,
-			FlowLabel:    p.Path.FlowLabel,
+			SGIDIndex:    p.PathAttr.SGIDIndex,
+			HopLimit:     orDefault(p.PathAttr.HopLimit, 64),
+			TrafficClass: p.PathAttr.TrafficClass,
+			FlowLabel:    p.PathAttr.FlowLabel,
 		}
 	}
 	return ah, mtu, nil

@@ -28,7 +28,7 @@ func ExampleQPSetup_Steps() {
 		SQPSN:  0x1000,
 		Remote: verbs.Remote{QPN: 0x11, PSN: 0x2000, GID: verbs.GIDFromIP(netip.MustParseAddr("10.0.0.2")),
 			ActiveMTU: verbs.MTU1024},
-		Path: verbs.Path{Global: true, SGIDIndex: 1, LocalActiveMTU: verbs.MTU4096},
+		PathAttr: verbs.PathAttr{Global: true, SGIDIndex: 1, LocalActiveMTU: verbs.MTU4096},
 	}.Steps()
 	if err != nil {
 		panic(err)

@@ -240,8 +240,8 @@ func connectByHand(t *testing.T, qpType verbs.QPType, self *endpointQP, peerQPN,
 	t.Helper()
 	steps, err := verbs.QPSetup{Type: qpType, Port: 1, QKey: udQKey,
 		Access: verbs.AccessRemoteWrite | verbs.AccessRemoteRead | verbs.AccessRemoteAtomic, SQPSN: psn,
-		Remote: verbs.Remote{QPN: peerQPN, PSN: peerPSN, GID: gid},
-		Path:   verbs.Path{Global: true, SGIDIndex: uint8(gidIndex), LocalActiveMTU: mtu},
+		Remote:   verbs.Remote{QPN: peerQPN, PSN: peerPSN, GID: gid},
+		PathAttr: verbs.PathAttr{Global: true, SGIDIndex: uint8(gidIndex), LocalActiveMTU: mtu},
 	}.Steps()
 	require.NoError(t, err)
 	for _, s := range steps {
@@ -345,7 +345,7 @@ func TestManualTransitionsRefusedOnSIW(t *testing.T) {
 	t.Cleanup(func() { assert.NoError(t, pd.Close()) })
 	e := newEndpoint(t, dev, pd, verbs.QPTypeRC)
 	steps, err := verbs.QPSetup{Type: verbs.QPTypeRC, Port: 1, Remote: verbs.Remote{QPN: e.qp.QPN},
-		Path: verbs.Path{LocalActiveMTU: verbs.MTU1024}}.Steps()
+		PathAttr: verbs.PathAttr{LocalActiveMTU: verbs.MTU1024}}.Steps()
 	require.NoError(t, err)
 	require.NoError(t, e.qp.Modify(&steps[0].Attr, steps[0].Mask), "RESET→INIT is allowed on iWARP")
 	err = e.qp.Modify(&steps[1].Attr, steps[1].Mask)
