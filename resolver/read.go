@@ -3,7 +3,6 @@ package resolver
 import (
 	"errors"
 	"fmt"
-	"net"
 	"os"
 
 	"github.com/rdmago/rdmago/verbs"
@@ -62,14 +61,9 @@ func readDevice(t *Table, info verbs.DeviceInfo) error {
 		p := Port{Device: info.Name, Port: n, Transport: info.Transport, LinkLayer: pa.LinkLayer,
 			State: pa.State, ActiveMTU: pa.ActiveMTU}
 		for _, e := range table {
-			if e.Port != n {
-				continue
+			if e.Port == n {
+				p.GIDs = append(p.GIDs, e)
 			}
-			ge := GIDEntry{Index: e.Index, GID: e.GID, Type: e.Type}
-			if ifc, err := net.InterfaceByIndex(e.NetdevIndex); e.NetdevIndex != 0 && err == nil {
-				ge.Netdev = ifc.Name
-			}
-			p.GIDs = append(p.GIDs, ge)
 		}
 		t.Ports = append(t.Ports, p)
 	}

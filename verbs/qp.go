@@ -3,7 +3,6 @@ package verbs
 import (
 	"errors"
 	"fmt"
-	"net"
 	"strings"
 	"sync"
 	"syscall"
@@ -101,7 +100,7 @@ func (q *QP) Modify(attr *QPAttr, mask AttrMask) error {
 		}
 		err = ValidateForPort(q.Type, from, to, attr, mask, info)
 		if err == nil && mask&AttrAV != 0 && attr.AH.IsGlobal {
-			if _, gerr := dev.QueryGID(port, int(attr.AH.GRH.SGIDIndex)); gerr != nil {
+			if _, gerr := dev.queryGID(port, int(attr.AH.GRH.SGIDIndex)); gerr != nil {
 				err = &AttrError{QPType: q.Type, Transition: Transition{from, to}, Problems: []AttrProblem{{Attr: AttrAV,
 					Reason: fmt.Sprintf("source GID index %d of %s port %d is an empty slot (%v): pick the entry of the local source address",
 						attr.AH.GRH.SGIDIndex, dev.Info.Name, port, gerr)}}}
@@ -276,9 +275,9 @@ func gidSuggestions(dev *Device, port int) string {
 		if e.Port != port || ip.IsLinkLocalUnicast() || (e.Type != GIDTypeRoCEv2 && e.Type != GIDTypeRoCEv1) {
 			continue
 		}
-		netdev := "?"
-		if ifc, err := net.InterfaceByIndex(e.NetdevIndex); err == nil {
-			netdev = ifc.Name
+		netdev := e.Netdev
+		if netdev == "" {
+			netdev = "?"
 		}
 		cands = append(cands, fmt.Sprintf("%d (%v, %v, %s)", e.Index, ip, e.Type, netdev))
 	}
