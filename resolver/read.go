@@ -10,19 +10,19 @@ import (
 
 // ReadTable reads every port's GID table through verbs (type, netdev and
 // active MTU in one query per device), or from sysfs in binaries built
-// without cgo.
+// without cgo. Through verbs, netdev names are looked up in the caller's
+// network namespace; entries of netdevs in other namespaces keep an empty
+// name.
 func ReadTable() (*Table, error) {
-	t, err := ReadVerbs()
+	t, err := readVerbs()
 	if errors.Is(err, verbs.ErrNoCgo) {
 		return ReadSysfs(os.DirFS(SysfsRoot))
 	}
 	return t, err
 }
 
-// ReadVerbs reads the GID tables with ibv_query_gid_table. Netdev names are
-// looked up in the caller's network namespace; entries of netdevs in other
-// namespaces keep an empty name.
-func ReadVerbs() (*Table, error) {
+// readVerbs reads the GID tables with ibv_query_gid_table.
+func readVerbs() (*Table, error) {
 	infos, err := verbs.Devices()
 	if err != nil {
 		return nil, err
