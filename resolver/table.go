@@ -41,7 +41,7 @@ type Table struct {
 const SysfsRoot = "/sys/class/infiniband"
 
 // ReadSysfs reads the GID tables from a file system laid out like
-// /sys/class/infiniband (pass os.DirFS(SysfsRoot), or a fixture). Empty slots
+// /sys/class/infiniband (pass [os.DirFS]([SysfsRoot]), or a fixture). Empty slots
 // (all-zero GIDs) are skipped; their type and ndev files fail with EINVAL on
 // real kernels, and are not read. A missing types file (old kernels) means
 // RoCE v1 on Ethernet ports and IB elsewhere.

@@ -38,7 +38,7 @@ type PathAttr struct {
 }
 
 // QPSetup describes a QP's way from RESET to RTS. Zero fields take the
-// defaults noted; every step is checked with ValidateAttr before it is returned,
+// defaults noted; every step is checked with [ValidateAttr] before it is returned,
 // and a caller may still adjust Step.Attr (and must keep Step.Mask in step).
 type QPSetup struct {
 	Type      QPType

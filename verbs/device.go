@@ -6,8 +6,8 @@ import (
 )
 
 // Transport is how a device carries RDMA (enum ibv_transport_type). RoCE
-// devices report TransportIB with an Ethernet link layer; iWARP devices report
-// TransportIWARP and an Ethernet link layer too, so check the transport first.
+// devices report [TransportIB] with an Ethernet link layer; iWARP devices report
+// [TransportIWARP] and an Ethernet link layer too, so check the transport first.
 type Transport int
 
 const (
@@ -222,7 +222,7 @@ type GIDEntry struct {
 	Netdev string
 }
 
-// DeviceInfo describes a device found by Devices, before it is opened.
+// DeviceInfo describes a device found by [Devices], before it is opened.
 type DeviceInfo struct {
 	Name      string // kernel device name, e.g. rxe0
 	Transport Transport

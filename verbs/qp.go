@@ -10,7 +10,7 @@ import (
 	"github.com/rdmago/rdmago/internal/ibv"
 )
 
-// QP is a queue pair (struct ibv_qp). Modify checks every transition in Go
+// QP is a queue pair (struct ibv_qp). [QP.Modify] checks every transition in Go
 // before the driver sees it; the QP remembers its state and port for that.
 type QP struct {
 	Type QPType
@@ -59,8 +59,8 @@ func adoptQP(pd *PD, qp *ibv.QP, t QPType) *QP {
 	return &QP{Type: t, QPN: qp.Num(), pd: pd, qp: qp, state: QPState(qp.State()), adopted: true}
 }
 
-// State is the state the last successful Modify left the QP in. The device
-// may since have moved it to SQE or ERR; Query tells.
+// State is the state the last successful [QP.Modify] left the QP in. The device
+// may since have moved it to SQE or ERR; [QP.Query] tells.
 func (q *QP) State() QPState {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -73,8 +73,8 @@ func (q *QP) State() QPState {
 }
 
 // Modify runs one ibv_modify_qp. The transition (from the QP's state to
-// attr.State, or a modify in place without AttrState) is checked first with
-// ValidateForPort: a missing or unaccepted attribute, an unencodable value,
+// attr.State, or a modify in place without [AttrState]) is checked first with
+// [ValidateForPort]: a missing or unaccepted attribute, an unencodable value,
 // RoCE without GRH, a GID index of an empty slot, a path MTU above the
 // port's active MTU and manual transitions on iWARP never reach the driver.
 func (q *QP) Modify(attr *QPAttr, mask AttrMask) error {
@@ -159,7 +159,7 @@ func (q *QP) closedError(op string) error {
 }
 
 // PostSend posts send work requests as one linked list, in one crossing into C.
-// SGE addresses must be registered memory (MR.SGE), never the Go heap.
+// SGE addresses must be registered memory ([MR.SGE]), never the Go heap.
 func (q *QP) PostSend(wrs ...SendWR) error {
 	if len(wrs) == 0 {
 		return nil

@@ -195,7 +195,7 @@ func (wc *WorkCompletion) Err() error {
 // CompletionError is a failed work completion.
 type CompletionError struct {
 	WC WorkCompletion
-	// Hint, when set, replaces the status's own (WCStatus.Hint) in Error:
+	// Hint, when set, replaces the status's own ([WCStatus.Hint]) in Error:
 	// a caller that knows what the work request was for can say more.
 	Hint string
 }
