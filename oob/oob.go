@@ -326,10 +326,10 @@ func (x *exchange) run(ctx context.Context, tcp net.Conn) error {
 		oe.Hint = "connect the TCP socket over the same family on both sides (its addresses pick the GIDs)"
 		return oe
 	}
-	cp := verbs.ConnParams{Type: verbs.QPTypeRC, Port: uint8(path.Port),
+	cp := verbs.QPSetup{Type: verbs.QPTypeRC, Port: uint8(path.Port),
 		Access: verbs.AccessLocalWrite | verbs.AccessRemoteWrite | verbs.AccessRemoteRead | verbs.AccessRemoteAtomic,
 		SQPSN:  me.PSN, Remote: verbs.Remote{QPN: peer.QPN, PSN: peer.PSN, GID: peer.GID, LID: peer.LID, ActiveMTU: peer.ActiveMTU},
-		Path: verbs.Path{Global: path.Kind == verbs.KindRoCE || path.GIDIndex >= 0, SGIDIndex: uint8(max(path.GIDIndex, 0)),
+		PathAttr: verbs.PathAttr{Global: path.Kind == verbs.KindRoCE || path.GIDIndex >= 0, SGIDIndex: uint8(max(path.GIDIndex, 0)),
 			LocalActiveMTU: port.ActiveMTU, TrafficClass: o.TOS},
 		Timeout: o.ACKTimeout, RetryCount: x.retry, RNRRetry: x.rnrRetry,
 		MaxRdAtomic: 1, MaxDestRdAtomic: 1}
@@ -340,7 +340,7 @@ func (x *exchange) run(ctx context.Context, tcp net.Conn) error {
 			mtu = m
 		}
 	}
-	cp.Path.MTU = mtu
+	cp.PathAttr.MTU = mtu
 	steps, err := cp.Steps()
 	if err != nil {
 		return where("QP attributes", err)

@@ -13,6 +13,6 @@
 // ties. There is never a silent fallback to index 0: when nothing qualifies
 // the error says why and what to do.
 //
-// Resolve the path right before connecting: indices move when addresses or
-// netdevs change (verbs.EventGIDChange tells).
+// [Resolve] the path right before connecting: indices move when addresses or
+// netdevs change ([verbs.EventGIDChange] tells).
 package resolver

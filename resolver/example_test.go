@@ -14,7 +14,7 @@ import (
 func ExampleSelectGID() {
 	gid := func(s string) verbs.GID { return verbs.GIDFromIP(netip.MustParseAddr(s)) }
 	port := &resolver.Port{Device: "rxe0", Port: 1, Transport: verbs.TransportIB, LinkLayer: verbs.LinkLayerEthernet,
-		GIDs: []resolver.GIDEntry{
+		GIDs: []verbs.GIDEntry{
 			{Index: 0, GID: gid("fe80::1"), Type: verbs.GIDTypeRoCEv2, Netdev: "eth0"},
 			{Index: 1, GID: gid("10.0.0.1"), Type: verbs.GIDTypeRoCEv2, Netdev: "eth0"},
 			{Index: 2, GID: gid("fe80::1"), Type: verbs.GIDTypeRoCEv2, Netdev: "eth0.100"},

@@ -17,13 +17,13 @@ func TestFindPort(t *testing.T) {
 	ipoib := append(net.HardwareAddr{0, 0, 0, 0x48}, ibGID[:]...)
 	table := &Table{Ports: []Port{
 		{Device: "mlx5_0", Port: 1, Transport: verbs.TransportIB, LinkLayer: verbs.LinkLayerEthernet,
-			GIDs: []GIDEntry{{Index: 0, Netdev: "eth0"}}},
+			GIDs: []verbs.GIDEntry{{Index: 0, Netdev: "eth0"}}},
 		{Device: "siw0", Port: 1, Transport: verbs.TransportIWARP, LinkLayer: verbs.LinkLayerEthernet,
-			GIDs: []GIDEntry{{Index: 0, GID: verbs.GID{0x52, 0x54, 0, 0x12, 0x34, 0x56}}}},
+			GIDs: []verbs.GIDEntry{{Index: 0, GID: verbs.GID{0x52, 0x54, 0, 0x12, 0x34, 0x56}}}},
 		{Device: "mlx4_0", Port: 1, Transport: verbs.TransportIB, LinkLayer: verbs.LinkLayerInfiniBand,
-			GIDs: []GIDEntry{{Index: 0, GID: ibGID}}},
+			GIDs: []verbs.GIDEntry{{Index: 0, GID: ibGID}}},
 		{Device: "rxe9", Port: 1, Transport: verbs.TransportIB, LinkLayer: verbs.LinkLayerEthernet,
-			GIDs: []GIDEntry{{Index: 0, Netdev: "eth0"}}},
+			GIDs: []verbs.GIDEntry{{Index: 0, Netdev: "eth0"}}},
 	}}
 	p, others := findPort(table, "eth0", net.HardwareAddr{1, 2, 3, 4, 5, 6})
 	assert.Equal(t, "mlx5_0", p.Device)

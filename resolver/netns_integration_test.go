@@ -49,7 +49,7 @@ func TestResolveRoutesInNetns(t *testing.T) {
 	table := &resolver.Table{Source: "fixture", Ports: []resolver.Port{{
 		Device: "fake0", Port: 1, Transport: verbs.TransportIB, LinkLayer: verbs.LinkLayerEthernet,
 		State: verbs.PortActive, ActiveMTU: verbs.MTU4096,
-		GIDs: []resolver.GIDEntry{
+		GIDs: []verbs.GIDEntry{
 			{Index: 0, GID: gid("fe80::1"), Type: verbs.GIDTypeRoCEv2, Netdev: "dummy0"},
 			{Index: 1, GID: gid("10.1.0.1"), Type: verbs.GIDTypeRoCEv2, Netdev: "dummy0"},
 			{Index: 2, GID: gid("fd01::1"), Type: verbs.GIDTypeRoCEv2, Netdev: "dummy0"},

@@ -5,21 +5,21 @@ import (
 	"net/netip"
 )
 
-// Options refine Resolve.
+// Options refine [Resolve].
 type Options struct {
 	// Source is the local address to send from (rdma_resolve_addr's source).
 	// Default: the route's preferred source.
 	Source netip.Addr
 	// Interface makes the route leave by this netdev.
 	Interface string
-	// RoCE is the GID type; default: the port's default (see DefaultGIDType).
+	// RoCE is the GID type; default: the port's default (see [DefaultGIDType]).
 	RoCE RoCEVersion
-	// Table is the GID tables to choose from; nil reads them (ReadTable).
+	// Table is the GID tables to choose from; nil reads them ([ReadTable]).
 	Table *Table
 	// Configfs is the configfs root for default_roce_mode; nil reads
 	// /sys/kernel/config when present.
 	Configfs fs.FS
-	// Network is the address family ResolveHost looks names up in: "ip4",
+	// Network is the address family [ResolveHost] looks names up in: "ip4",
 	// "ip6" or "ip" (default: either, the first answer).
 	Network string
 }

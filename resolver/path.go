@@ -68,9 +68,9 @@ func (p *Path) Explain() string {
 	return b.String()
 }
 
-// ConnPath turns the path into the verbs.Path of a manual connection.
-func (p *Path) ConnPath() verbs.Path {
-	return verbs.Path{
+// PathAttr turns the path into the [verbs.PathAttr] of a manual connection.
+func (p *Path) PathAttr() verbs.PathAttr {
+	return verbs.PathAttr{
 		Global:         p.Kind == verbs.KindRoCE,
 		SGIDIndex:      uint8(max(p.GIDIndex, 0)),
 		HopLimit:       p.HopLimit,
@@ -79,14 +79,14 @@ func (p *Path) ConnPath() verbs.Path {
 	}
 }
 
-// Errors of Resolve besides those of SelectGID, usable with errors.Is.
+// Errors of [Resolve] besides those of [SelectGID], usable with errors.Is.
 var (
 	ErrNoRoute      = errors.New("no route to the destination")
 	ErrNoRDMADevice = errors.New("the egress netdev has no RDMA device")
 )
 
-// ResolveError is returned by Resolve: the path as far as it got (its
-// Explain says what was decided) and the reason it ends there.
+// ResolveError is returned by [Resolve]: the path as far as it got (its
+// [Path.Explain] says what was decided) and the reason it ends there.
 type ResolveError struct {
 	Path *Path
 	Err  error

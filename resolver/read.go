@@ -3,7 +3,6 @@ package resolver
 import (
 	"errors"
 	"fmt"
-	"net"
 	"os"
 
 	"github.com/rdmago/rdmago/verbs"
@@ -11,19 +10,19 @@ import (
 
 // ReadTable reads every port's GID table through verbs (type, netdev and
 // active MTU in one query per device), or from sysfs in binaries built
-// without cgo.
+// without cgo. Through verbs, netdev names are looked up in the caller's
+// network namespace; entries of netdevs in other namespaces keep an empty
+// name.
 func ReadTable() (*Table, error) {
-	t, err := ReadVerbs()
+	t, err := readVerbs()
 	if errors.Is(err, verbs.ErrNoCgo) {
 		return ReadSysfs(os.DirFS(SysfsRoot))
 	}
 	return t, err
 }
 
-// ReadVerbs reads the GID tables with ibv_query_gid_table. Netdev names are
-// looked up in the caller's network namespace; entries of netdevs in other
-// namespaces keep an empty name.
-func ReadVerbs() (*Table, error) {
+// readVerbs reads the GID tables with ibv_query_gid_table.
+func readVerbs() (*Table, error) {
 	infos, err := verbs.Devices()
 	if err != nil {
 		return nil, err
@@ -62,14 +61,9 @@ func readDevice(t *Table, info verbs.DeviceInfo) error {
 		p := Port{Device: info.Name, Port: n, Transport: info.Transport, LinkLayer: pa.LinkLayer,
 			State: pa.State, ActiveMTU: pa.ActiveMTU}
 		for _, e := range table {
-			if e.Port != n {
-				continue
+			if e.Port == n {
+				p.GIDs = append(p.GIDs, e)
 			}
-			ge := GIDEntry{Index: e.Index, GID: e.GID, Type: e.Type}
-			if ifc, err := net.InterfaceByIndex(e.NetdevIndex); e.NetdevIndex != 0 && err == nil {
-				ge.Netdev = ifc.Name
-			}
-			p.GIDs = append(p.GIDs, ge)
 		}
 		t.Ports = append(t.Ports, p)
 	}

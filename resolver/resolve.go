@@ -7,7 +7,7 @@ import (
 
 // ResolveHost looks host up (a name or an address) in the family
 // opts.Network names and resolves the first address. It needs Linux, as
-// Resolve does.
+// [Resolve] does.
 func ResolveHost(ctx context.Context, host string, opts Options) (*Path, error) {
 	return resolveHost(ctx, host, opts)
 }
@@ -21,9 +21,9 @@ func ResolveHost(ctx context.Context, host string, opts Options) (*Path, error) 
 // then leaves by the netdev that owns the address.
 //
 // It runs in the caller's network namespace. On failure the error is a
-// *ResolveError whose Path explains what was decided before it failed.
+// *[ResolveError] whose Path explains what was decided before it failed.
 //
-// It needs Linux: elsewhere it returns an error matching errors.ErrUnsupported.
+// It needs Linux: elsewhere it returns an error matching [errors.ErrUnsupported].
 func Resolve(ctx context.Context, dst netip.Addr, opts Options) (*Path, error) {
 	return resolve(ctx, dst, opts)
 }

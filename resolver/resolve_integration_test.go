@@ -159,8 +159,8 @@ func TestManualConnectionFromResolver(t *testing.T) {
 	}
 	for i, qp := range qps {
 		peer := qps[1-i]
-		steps, err := verbs.ConnParams{Type: verbs.QPTypeRC, Port: uint8(p.Port), SQPSN: uint32(i),
-			Remote: verbs.Remote{QPN: peer.QPN, PSN: uint32(1 - i), GID: p.GID}, Path: p.ConnPath()}.Steps()
+		steps, err := verbs.QPSetup{Type: verbs.QPTypeRC, Port: uint8(p.Port), SQPSN: uint32(i),
+			Remote: verbs.Remote{QPN: peer.QPN, PSN: uint32(1 - i), GID: p.GID}, PathAttr: p.PathAttr()}.Steps()
 		require.NoError(t, err)
 		for _, s := range steps {
 			require.NoError(t, qp.Modify(&s.Attr, s.Mask))

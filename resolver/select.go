@@ -57,7 +57,7 @@ func DefaultGIDType(p *Port, configfs fs.FS) (verbs.GIDType, string) {
 
 // Candidate is a GID entry considered for a path, with the verdict.
 type Candidate struct {
-	Entry    GIDEntry
+	Entry    verbs.GIDEntry
 	Chosen   bool
 	Rejected string // why not, empty when it qualified
 }
@@ -78,11 +78,11 @@ var (
 // want, and whose netdev is the egress netdev; the lowest index on ties. It
 // returns every entry with the reason it was passed over. It never falls back
 // to another entry: when nothing qualifies the error says why.
-func SelectGID(p *Port, src netip.Addr, egress string, want verbs.GIDType) (GIDEntry, []Candidate, error) {
+func SelectGID(p *Port, src netip.Addr, egress string, want verbs.GIDType) (verbs.GIDEntry, []Candidate, error) {
 	gid := verbs.GIDFromIP(src)
 	var cands []Candidate
 	chosen := -1
-	var sameValue, sameValueAndNetdev []GIDEntry
+	var sameValue, sameValueAndNetdev []verbs.GIDEntry
 	for _, e := range p.GIDs {
 		c := Candidate{Entry: e}
 		switch {
@@ -108,10 +108,10 @@ func SelectGID(p *Port, src netip.Addr, egress string, want verbs.GIDType) (GIDE
 	where := fmt.Sprintf("%v: source %v, egress netdev %s, %v", p, src, egress, want)
 	switch {
 	case len(sameValueAndNetdev) > 0:
-		return GIDEntry{}, cands, fmt.Errorf("resolver: %s: %w: the entries for it are %v; "+
+		return verbs.GIDEntry{}, cands, fmt.Errorf("resolver: %s: %w: the entries for it are %v; "+
 			"ask for that RoCE version explicitly (both peers must use the same one)", where, ErrGIDTypeUnavailable, sameValueAndNetdev[0].Type)
 	case len(sameValue) > 0:
-		return GIDEntry{}, cands, fmt.Errorf("resolver: %s: %w: %v belongs to %s but the route leaves by %s "+
+		return verbs.GIDEntry{}, cands, fmt.Errorf("resolver: %s: %w: %v belongs to %s but the route leaves by %s "+
 			"(the kernel CM fails this with ADDR_ERROR -ENODEV); add a route via %s, or use a source address on %s",
 			where, ErrSourceNotOnEgress, src, sameValue[0].Netdev, egress, sameValue[0].Netdev, egress)
 	default:
@@ -119,7 +119,7 @@ func SelectGID(p *Port, src netip.Addr, egress string, want verbs.GIDType) (GIDE
 		if src.Is6() && src.IsLinkLocalUnicast() && src.Zone() == "" {
 			hint = "a link-local source needs its zone (fe80::…%netdev)"
 		}
-		return GIDEntry{}, cands, fmt.Errorf("resolver: %s: %w; %s", where, ErrNoGIDForSource, hint)
+		return verbs.GIDEntry{}, cands, fmt.Errorf("resolver: %s: %w; %s", where, ErrNoGIDForSource, hint)
 	}
 }
 

@@ -12,16 +12,6 @@ import (
 	"github.com/rdmago/rdmago/verbs"
 )
 
-// GIDEntry is one valid entry of a port's GID table.
-type GIDEntry struct {
-	Index int
-	GID   verbs.GID
-	Type  verbs.GIDType
-	// Netdev owns the entry: the port's netdev, or a VLAN, macvlan or bond
-	// upper of it. Empty when the kernel does not say (iWARP on 6.1).
-	Netdev string
-}
-
 // Port is one RDMA port and its GID table.
 type Port struct {
 	Device    string
@@ -32,7 +22,7 @@ type Port struct {
 	// ActiveMTU is the port's active MTU when read through verbs; 0 from
 	// sysfs (which does not publish it).
 	ActiveMTU verbs.MTU
-	GIDs      []GIDEntry
+	GIDs      []verbs.GIDEntry
 }
 
 // Kind is RoCE, InfiniBand or iWARP.
@@ -51,7 +41,7 @@ type Table struct {
 const SysfsRoot = "/sys/class/infiniband"
 
 // ReadSysfs reads the GID tables from a file system laid out like
-// /sys/class/infiniband (pass os.DirFS(SysfsRoot), or a fixture). Empty slots
+// /sys/class/infiniband (pass [os.DirFS]([SysfsRoot]), or a fixture). Empty slots
 // (all-zero GIDs) are skipped; their type and ndev files fail with EINVAL on
 // real kernels, and are not read. A missing types file (old kernels) means
 // RoCE v1 on Ethernet ports and IB elsewhere.
@@ -123,7 +113,7 @@ func readSysfsPort(fsys fs.FS, dev string, num int, transport verbs.Transport) (
 		if gid.IsZero() {
 			continue
 		}
-		e := GIDEntry{Index: idx, GID: gid, Type: verbs.GIDTypeIB}
+		e := verbs.GIDEntry{Index: idx, Port: num, GID: gid, Type: verbs.GIDTypeIB}
 		if p.LinkLayer == verbs.LinkLayerEthernet && transport == verbs.TransportIB {
 			e.Type = verbs.GIDTypeRoCEv1
 		}

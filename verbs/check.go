@@ -33,11 +33,11 @@ const (
 	max20 = 1<<20 - 1
 )
 
-// ValidateAttr checks the mask (as Validate does) and then the values of the
+// ValidateAttr checks the mask (as [Validate] does) and then the values of the
 // attributes the mask names: 24-bit PSNs and QP numbers, 3-bit retry counts,
 // 5-bit timer codes, 20-bit flow label, 4-bit SL, a defined MTU and
 // migration state, QP access flags only, the target state matching the
-// transition. It returns a *TransitionError or an *AttrError.
+// transition. It returns a *[TransitionError] or an *[AttrError].
 func ValidateAttr(t QPType, from, to QPState, attr *QPAttr, mask AttrMask) error {
 	if err := Validate(t, from, to, mask); err != nil {
 		return err
@@ -130,7 +130,7 @@ func (p PortInfo) Kind() Kind { return KindOf(p.Transport, p.Attr.LinkLayer) }
 var ErrIWARPManual = errors.New("iWARP QPs are connected by the iWARP CM: the provider moves them to RTR and RTS " +
 	"(siw turns a user RTS into EINVAL); connect them with rdmacm instead")
 
-// ValidateForPort adds the checks that need the port to ValidateAttr: the
+// ValidateForPort adds the checks that need the port to [ValidateAttr]: the
 // seed's pitfalls that the driver reports as a bare EINVAL, or worse accepts
 // and then stalls.
 //   - RoCE: an address vector without a GRH is refused (EINVAL); the source

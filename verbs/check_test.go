@@ -171,10 +171,10 @@ func TestWarnings(t *testing.T) {
 // The seed's three example programs (RC, UC, UD to RTS), in Go.
 func TestSeedExamples(t *testing.T) {
 	remote := Remote{QPN: 0x1234, PSN: 0x5678, GID: GIDFromIP(netip.MustParseAddr("10.0.0.2"))}
-	path := Path{Global: true, SGIDIndex: 3, LocalActiveMTU: MTU1024}
+	path := PathAttr{Global: true, SGIDIndex: 3, LocalActiveMTU: MTU1024}
 
-	rc, err := ConnParams{Type: QPTypeRC, Port: 1, Access: AccessRemoteWrite | AccessRemoteRead, SQPSN: 0x42,
-		Remote: remote, Path: path}.Steps()
+	rc, err := QPSetup{Type: QPTypeRC, Port: 1, Access: AccessRemoteWrite | AccessRemoteRead, SQPSN: 0x42,
+		Remote: remote, PathAttr: path}.Steps()
 	require.NoError(t, err)
 	require.Len(t, rc, 3)
 	assert.Equal(t, "STATE|ACCESS_FLAGS|PKEY_INDEX|PORT", rc[0].Mask.String())
@@ -191,12 +191,12 @@ func TestSeedExamples(t *testing.T) {
 	assert.Equal(t, RNRTimer(12), rc[1].Attr.MinRNRTimer)
 	assert.Empty(t, Warnings(QPTypeRC, &rc[2].Attr, rc[2].Mask), "the defaults are production settings")
 
-	uc, err := ConnParams{Type: QPTypeUC, Port: 1, Access: AccessRemoteWrite, Remote: remote, Path: path}.Steps()
+	uc, err := QPSetup{Type: QPTypeUC, Port: 1, Access: AccessRemoteWrite, Remote: remote, PathAttr: path}.Steps()
 	require.NoError(t, err)
 	assert.Equal(t, "STATE|AV|PATH_MTU|RQ_PSN|DEST_QPN", uc[1].Mask.String())
 	assert.Equal(t, "STATE|SQ_PSN", uc[2].Mask.String())
 
-	ud, err := ConnParams{Type: QPTypeUD, Port: 1, QKey: 0x11111111}.Steps()
+	ud, err := QPSetup{Type: QPTypeUD, Port: 1, QKey: 0x11111111}.Steps()
 	require.NoError(t, err)
 	assert.Equal(t, "STATE|PKEY_INDEX|PORT|QKEY", ud[0].Mask.String())
 	assert.Equal(t, "STATE", ud[1].Mask.String())
@@ -205,14 +205,14 @@ func TestSeedExamples(t *testing.T) {
 	// MTU: the smaller of both ends' active MTUs.
 	withPeer := remote
 	withPeer.ActiveMTU = MTU512
-	rc, err = ConnParams{Type: QPTypeRC, Port: 1, Remote: withPeer, Path: path}.Steps()
+	rc, err = QPSetup{Type: QPTypeRC, Port: 1, Remote: withPeer, PathAttr: path}.Steps()
 	require.NoError(t, err)
 	assert.Equal(t, MTU512, rc[1].Attr.PathMTU)
 
-	_, err = ConnParams{Type: QPTypeRC, Port: 1, Remote: remote}.Steps()
-	assert.ErrorContains(t, err, "Path.MTU")
-	_, err = ConnParams{Type: QPTypeRC, Remote: remote, Path: path}.Steps()
+	_, err = QPSetup{Type: QPTypeRC, Port: 1, Remote: remote}.Steps()
+	assert.ErrorContains(t, err, "PathAttr.MTU")
+	_, err = QPSetup{Type: QPTypeRC, Remote: remote, PathAttr: path}.Steps()
 	assert.ErrorContains(t, err, "Port is required")
-	_, err = ConnParams{Type: QPTypeRC, Port: 1, Remote: Remote{QPN: 1 << 24}, Path: path}.Steps()
+	_, err = QPSetup{Type: QPTypeRC, Port: 1, Remote: Remote{QPN: 1 << 24}, PathAttr: path}.Steps()
 	assert.ErrorContains(t, err, "DEST_QPN")
 }

@@ -21,8 +21,8 @@ type Remote struct {
 	ActiveMTU MTU
 }
 
-// Path says how packets reach the peer.
-type Path struct {
+// PathAttr says how packets reach the peer.
+type PathAttr struct {
 	// Global puts a GRH on the address vector: always on RoCE, across subnets on IB.
 	Global       bool
 	SGIDIndex    uint8 // local GID entry (RoCE: picks source IP, version and VLAN)
@@ -37,10 +37,10 @@ type Path struct {
 	LocalActiveMTU MTU
 }
 
-// ConnParams describe a QP's way from RESET to RTS. Zero fields take the
-// defaults noted; every step is checked with ValidateAttr before it is returned,
+// QPSetup describes a QP's way from RESET to RTS. Zero fields take the
+// defaults noted; every step is checked with [ValidateAttr] before it is returned,
 // and a caller may still adjust Step.Attr (and must keep Step.Mask in step).
-type ConnParams struct {
+type QPSetup struct {
 	Type      QPType
 	Port      uint8  // port number, from 1
 	PKeyIndex uint16 // usually 0
@@ -49,9 +49,9 @@ type ConnParams struct {
 	QKey   uint32 // UD: the QP's Q_Key
 	// SQPSN is the first PSN this QP sends (24 bits). CM-managed peers
 	// assign PSNs themselves: use the ones rdma_init_qp_attr returns.
-	SQPSN  uint32
-	Remote Remote // RC, UC
-	Path   Path   // RC, UC
+	SQPSN    uint32
+	Remote   Remote   // RC, UC
+	PathAttr PathAttr // RC, UC
 
 	// RC reliability: defaults Timeout 14 (≈67 ms), RetryCount 7, RNRRetry 7
 	// (infinite), MinRNRTimer 12 (0.64 ms). Code 0 of Timeout cannot be
@@ -71,9 +71,9 @@ type ConnParams struct {
 // Steps returns the three modifies RESET→INIT→RTR→RTS for the QP type, as the
 // ibv_modify_qp reference shows them, with exactly the required attributes
 // (plus ACCESS_FLAGS where the type takes them).
-func (p ConnParams) Steps() ([]Step, error) {
+func (p QPSetup) Steps() ([]Step, error) {
 	if p.Port == 0 {
-		return nil, fmt.Errorf("verbs: %v QP: ConnParams.Port is required (ports are numbered from 1)", p.Type)
+		return nil, fmt.Errorf("verbs: %v QP: QPSetup.Port is required (ports are numbered from 1)", p.Type)
 	}
 	var steps []Step
 	switch p.Type {
@@ -121,25 +121,25 @@ func (p ConnParams) Steps() ([]Step, error) {
 	return steps, nil
 }
 
-func (p ConnParams) addressVector() (AHAttr, MTU, error) {
-	mtu := p.Path.MTU
+func (p QPSetup) addressVector() (AHAttr, MTU, error) {
+	mtu := p.PathAttr.MTU
 	if mtu == 0 {
-		if !p.Path.LocalActiveMTU.Valid() {
-			return AHAttr{}, 0, fmt.Errorf("verbs: %v QP: set Path.MTU, or Path.LocalActiveMTU to negotiate it", p.Type)
+		if !p.PathAttr.LocalActiveMTU.Valid() {
+			return AHAttr{}, 0, fmt.Errorf("verbs: %v QP: set PathAttr.MTU, or PathAttr.LocalActiveMTU to negotiate it", p.Type)
 		}
-		mtu = p.Path.LocalActiveMTU
+		mtu = p.PathAttr.LocalActiveMTU
 		if p.Remote.ActiveMTU.Valid() && p.Remote.ActiveMTU < mtu {
 			mtu = p.Remote.ActiveMTU
 		}
 	}
-	ah := AHAttr{DLID: p.Remote.LID, SL: p.Path.SL, IsGlobal: p.Path.Global, PortNum: p.Port}
-	if p.Path.Global {
+	ah := AHAttr{DLID: p.Remote.LID, SL: p.PathAttr.SL, IsGlobal: p.PathAttr.Global, PortNum: p.Port}
+	if p.PathAttr.Global {
 		ah.GRH = GlobalRoute{
 			DGID:         p.Remote.GID,
-			SGIDIndex:    p.Path.SGIDIndex,
-			HopLimit:     orDefault(p.Path.HopLimit, 64),
-			TrafficClass: p.Path.TrafficClass,
-			FlowLabel:    p.Path.FlowLabel,
+			SGIDIndex:    p.PathAttr.SGIDIndex,
+			HopLimit:     orDefault(p.PathAttr.HopLimit, 64),
+			TrafficClass: p.PathAttr.TrafficClass,
+			FlowLabel:    p.PathAttr.FlowLabel,
 		}
 	}
 	return ah, mtu, nil

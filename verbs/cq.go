@@ -78,7 +78,7 @@ func (c *CQ) Poll(wcs []WorkCompletion) (int, error) {
 // Wait arms the CQ's notification and blocks until a completion arrives
 // after that, or ctx ends. A completion that landed between the caller's
 // last empty poll and the arming wakes nobody: to wait for completions,
-// use PollWait, which polls again after arming. One goroutine at a time
+// use [CQ.PollWait], which polls again after arming. One goroutine at a time
 // may wait on a CQ.
 func (c *CQ) Wait(ctx context.Context) error {
 	if err := c.arm(); err != nil {

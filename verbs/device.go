@@ -6,8 +6,8 @@ import (
 )
 
 // Transport is how a device carries RDMA (enum ibv_transport_type). RoCE
-// devices report TransportIB with an Ethernet link layer; iWARP devices report
-// TransportIWARP and an Ethernet link layer too, so check the transport first.
+// devices report [TransportIB] with an Ethernet link layer; iWARP devices report
+// [TransportIWARP] and an Ethernet link layer too, so check the transport first.
 type Transport int
 
 const (
@@ -214,9 +214,15 @@ type GIDEntry struct {
 	// upper has entries of its own), 0 when the kernel reports none. It is
 	// relative to the netdev's network namespace.
 	NetdevIndex int
+	// Netdev is that netdev's name: the port's netdev, or a VLAN, macvlan or
+	// bond upper of it. GIDTable and QueryGID look NetdevIndex up in the
+	// caller's network namespace (package resolver's sysfs reader, which has
+	// no ifindex, reads the name). Empty when unknown (iWARP on 6.1 reports
+	// no netdev).
+	Netdev string
 }
 
-// DeviceInfo describes a device found by Devices, before it is opened.
+// DeviceInfo describes a device found by [Devices], before it is opened.
 type DeviceInfo struct {
 	Name      string // kernel device name, e.g. rxe0
 	Transport Transport

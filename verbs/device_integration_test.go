@@ -93,6 +93,7 @@ func TestRXEPortAndGIDTable(t *testing.T) {
 				for _, e := range table {
 					if e.GID == gid && e.NetdevIndex == ifc.Index {
 						found = true
+						assert.Equal(t, owner, e.Netdev, "the name of the entry's netdev")
 						one, err := dev.QueryGID(1, e.Index)
 						require.NoError(t, err)
 						assert.Equal(t, e, one, "ibv_query_gid_ex agrees with the table")

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"sync"
 	"syscall"
 
@@ -178,9 +179,12 @@ func (d *Device) GIDTable() ([]GIDEntry, error) {
 	if err != nil {
 		return nil, &OpError{Op: "ibv_query_gid_table", Device: d.Info.Name, Err: err}
 	}
+	names := netdevNames()
 	out := make([]GIDEntry, 0, len(entries))
 	for _, e := range entries {
-		out = append(out, gidEntryOf(e))
+		g := gidEntryOf(e)
+		g.Netdev = names[g.NetdevIndex]
+		out = append(out, g)
 	}
 	return out, nil
 }
@@ -188,6 +192,18 @@ func (d *Device) GIDTable() ([]GIDEntry, error) {
 // QueryGID returns one GID table entry (ibv_query_gid_ex). An empty slot
 // fails with ENODATA.
 func (d *Device) QueryGID(port, index int) (GIDEntry, error) {
+	e, err := d.queryGID(port, index)
+	if err == nil && e.NetdevIndex != 0 {
+		if ifc, ierr := net.InterfaceByIndex(e.NetdevIndex); ierr == nil {
+			e.Netdev = ifc.Name
+		}
+	}
+	return e, err
+}
+
+// queryGID is QueryGID without the netdev's name, for Modify's check of
+// the source GID slot: the name costs a netlink dump that check never reads.
+func (d *Device) queryGID(port, index int) (GIDEntry, error) {
 	ctx, err := d.context()
 	if err != nil {
 		return GIDEntry{}, err
@@ -198,6 +214,21 @@ func (d *Device) QueryGID(port, index int) (GIDEntry, error) {
 			Detail: fmt.Sprintf("index %d", index), Err: err}
 	}
 	return gidEntryOf(e), nil
+}
+
+// netdevNames maps ifindex to netdev name in the caller's network
+// namespace, with one netlink dump for a whole GID table rather than one
+// per entry.
+func netdevNames() map[int]string {
+	ifcs, err := net.Interfaces()
+	if err != nil {
+		return nil
+	}
+	names := make(map[int]string, len(ifcs))
+	for _, ifc := range ifcs {
+		names[ifc.Index] = ifc.Name
+	}
+	return names
 }
 
 func gidEntryOf(e ibv.GIDEntry) GIDEntry {

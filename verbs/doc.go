@@ -1,24 +1,24 @@
 // Package verbs wraps libibverbs and models the ibv_modify_qp surface in Go.
 //
 // The pure-Go half builds without cgo: every field of struct ibv_qp_attr
-// (QPAttr), states, types, MTUs, access flags and attribute-mask bits with
-// their libibverbs names (AttrMask prints as STATE|AV|PATH_MTU), the IBTA
-// transition table for RC, UC and UD as data (Rule, Transitions), and checks
+// ([QPAttr]), states, types, MTUs, access flags and attribute-mask bits with
+// their libibverbs names ([AttrMask] prints as STATE|AV|PATH_MTU), the IBTA
+// transition table for RC, UC and UD as data ([Rule], [Transitions]), and checks
 // that refuse a bad modify with an error that names what is missing or wrong:
-// Validate (the mask), ValidateAttr (encodable values: 24-bit PSNs and QP
-// numbers, 3-bit retry counts, 5-bit timer codes) and ValidateForPort (RoCE
+// [Validate] (the mask), [ValidateAttr] (encodable values: 24-bit PSNs and QP
+// numbers, 3-bit retry counts, 5-bit timer codes) and [ValidateForPort] (RoCE
 // without GRH, a GID index outside the table, a path MTU above the active MTU,
 // manual transitions on iWARP). Timer attributes are codes, not durations:
-// ACKTimeoutFor, RNRTimerFor and MTUForNetdev translate. ConnParams builds the
+// [ACKTimeoutFor], [RNRTimerFor] and [MTUForNetdev] translate. [QPSetup] builds the
 // RESET→INIT→RTR→RTS steps for RC, UC and UD.
 //
-// The cgo half is thin: devices, ports and GID tables (Devices, Open), PD, MR
-// over memory the Go heap never owns, CQ whose completion channel waits in
-// Go's runtime poller (no OS thread parked per CQ), QP with a Modify that
-// runs the checks above before the driver, AH, batched PostSend, PostRecv and
-// Poll that cross into C once per batch, and asynchronous device events on a
-// channel. Without cgo those calls return ErrNoCgo.
+// The cgo half is thin: devices, ports and GID tables ([Devices], [Open]), [PD], [MR]
+// over memory the Go heap never owns, [CQ] whose completion channel waits in
+// Go's runtime poller (no OS thread parked per CQ), [QP] with a [QP.Modify] that
+// runs the checks above before the driver, [AH], batched [QP.PostSend], [QP.PostRecv] and
+// [CQ.Poll] that cross into C once per batch, and asynchronous device events on a
+// channel ([Device.Events]). Without cgo those calls return [ErrNoCgo].
 //
 // iWARP QPs (siw) are connected by the iWARP CM: only RESET→INIT is the
-// user's; use package rdmacm for them.
+// user's; use package [github.com/rdmago/rdmago/rdmacm] for them.
 package verbs

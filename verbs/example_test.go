@@ -18,17 +18,17 @@ func ExampleValidate() {
 	// verbs: RC QP RTR→RTS: missing required attributes RETRY_CNT (required: STATE|TIMEOUT|RETRY_CNT|RNR_RETRY|MAX_QP_RD_ATOMIC|SQ_PSN; optional: CUR_STATE|ACCESS_FLAGS|ALT_PATH|MIN_RNR_TIMER|PATH_MIG_STATE)
 }
 
-// ConnParams produces the three modifies that take an RC QP to RTS, with the
+// QPSetup produces the three modifies that take an RC QP to RTS, with the
 // masks the ibv_modify_qp reference shows.
-func ExampleConnParams_Steps() {
-	steps, err := verbs.ConnParams{
+func ExampleQPSetup_Steps() {
+	steps, err := verbs.QPSetup{
 		Type:   verbs.QPTypeRC,
 		Port:   1,
 		Access: verbs.AccessRemoteWrite | verbs.AccessRemoteRead,
 		SQPSN:  0x1000,
 		Remote: verbs.Remote{QPN: 0x11, PSN: 0x2000, GID: verbs.GIDFromIP(netip.MustParseAddr("10.0.0.2")),
 			ActiveMTU: verbs.MTU1024},
-		Path: verbs.Path{Global: true, SGIDIndex: 1, LocalActiveMTU: verbs.MTU4096},
+		PathAttr: verbs.PathAttr{Global: true, SGIDIndex: 1, LocalActiveMTU: verbs.MTU4096},
 	}.Steps()
 	if err != nil {
 		panic(err)

@@ -220,10 +220,10 @@ func runPeer(spec string) error {
 		return fmt.Errorf("address families differ: ours %v, peer's %v", me.GID, peer.GID)
 	}
 
-	steps, err := verbs.ConnParams{Type: qpType, Port: 1, QKey: pairQKey,
+	steps, err := verbs.QPSetup{Type: qpType, Port: 1, QKey: pairQKey,
 		Access: verbs.AccessRemoteWrite | verbs.AccessRemoteRead | verbs.AccessRemoteAtomic, SQPSN: me.PSN,
-		Remote: verbs.Remote{QPN: peer.QPN, PSN: peer.PSN, GID: peer.GID, ActiveMTU: peer.ActiveMTU},
-		Path:   verbs.Path{Global: true, SGIDIndex: uint8(gidIndex), LocalActiveMTU: me.ActiveMTU},
+		Remote:   verbs.Remote{QPN: peer.QPN, PSN: peer.PSN, GID: peer.GID, ActiveMTU: peer.ActiveMTU},
+		PathAttr: verbs.PathAttr{Global: true, SGIDIndex: uint8(gidIndex), LocalActiveMTU: me.ActiveMTU},
 	}.Steps()
 	if err != nil {
 		return err

@@ -84,7 +84,7 @@ func (p *PD) RegisterMemory(size int, access AccessFlags) (*MR, error) {
 }
 
 // Access is what the region was registered for: a receive or an RDMA read
-// into a region without AccessLocalWrite fails on the device.
+// into a region without [AccessLocalWrite] fails on the device.
 func (m *MR) Access() AccessFlags { return m.access }
 
 // Bytes is the region's memory.
@@ -140,7 +140,7 @@ func (p *PD) CreateAH(attr AHAttr) (*AH, error) {
 const GRHSize = 40
 
 // AHAttrFromWC is the address vector back to the sender of a UD receive
-// (ibv_init_ah_from_wc): wc is its completion and grh the first GRHSize
+// (ibv_init_ah_from_wc): wc is its completion and grh the first [GRHSize]
 // bytes of its buffer. On RoCE the GRH is always there; the source GID
 // index is the local entry that matches the packet's destination GID.
 func (p *PD) AHAttrFromWC(port int, wc WorkCompletion, grh []byte) (AHAttr, error) {

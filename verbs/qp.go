@@ -3,7 +3,6 @@ package verbs
 import (
 	"errors"
 	"fmt"
-	"net"
 	"strings"
 	"sync"
 	"syscall"
@@ -11,7 +10,7 @@ import (
 	"github.com/rdmago/rdmago/internal/ibv"
 )
 
-// QP is a queue pair (struct ibv_qp). Modify checks every transition in Go
+// QP is a queue pair (struct ibv_qp). [QP.Modify] checks every transition in Go
 // before the driver sees it; the QP remembers its state and port for that.
 type QP struct {
 	Type QPType
@@ -60,8 +59,8 @@ func adoptQP(pd *PD, qp *ibv.QP, t QPType) *QP {
 	return &QP{Type: t, QPN: qp.Num(), pd: pd, qp: qp, state: QPState(qp.State()), adopted: true}
 }
 
-// State is the state the last successful Modify left the QP in. The device
-// may since have moved it to SQE or ERR; Query tells.
+// State is the state the last successful [QP.Modify] left the QP in. The device
+// may since have moved it to SQE or ERR; [QP.Query] tells.
 func (q *QP) State() QPState {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -74,8 +73,8 @@ func (q *QP) State() QPState {
 }
 
 // Modify runs one ibv_modify_qp. The transition (from the QP's state to
-// attr.State, or a modify in place without AttrState) is checked first with
-// ValidateForPort: a missing or unaccepted attribute, an unencodable value,
+// attr.State, or a modify in place without [AttrState]) is checked first with
+// [ValidateForPort]: a missing or unaccepted attribute, an unencodable value,
 // RoCE without GRH, a GID index of an empty slot, a path MTU above the
 // port's active MTU and manual transitions on iWARP never reach the driver.
 func (q *QP) Modify(attr *QPAttr, mask AttrMask) error {
@@ -101,7 +100,7 @@ func (q *QP) Modify(attr *QPAttr, mask AttrMask) error {
 		}
 		err = ValidateForPort(q.Type, from, to, attr, mask, info)
 		if err == nil && mask&AttrAV != 0 && attr.AH.IsGlobal {
-			if _, gerr := dev.QueryGID(port, int(attr.AH.GRH.SGIDIndex)); gerr != nil {
+			if _, gerr := dev.queryGID(port, int(attr.AH.GRH.SGIDIndex)); gerr != nil {
 				err = &AttrError{QPType: q.Type, Transition: Transition{from, to}, Problems: []AttrProblem{{Attr: AttrAV,
 					Reason: fmt.Sprintf("source GID index %d of %s port %d is an empty slot (%v): pick the entry of the local source address",
 						attr.AH.GRH.SGIDIndex, dev.Info.Name, port, gerr)}}}
@@ -160,7 +159,7 @@ func (q *QP) closedError(op string) error {
 }
 
 // PostSend posts send work requests as one linked list, in one crossing into C.
-// SGE addresses must be registered memory (MR.SGE), never the Go heap.
+// SGE addresses must be registered memory ([MR.SGE]), never the Go heap.
 func (q *QP) PostSend(wrs ...SendWR) error {
 	if len(wrs) == 0 {
 		return nil
@@ -276,9 +275,9 @@ func gidSuggestions(dev *Device, port int) string {
 		if e.Port != port || ip.IsLinkLocalUnicast() || (e.Type != GIDTypeRoCEv2 && e.Type != GIDTypeRoCEv1) {
 			continue
 		}
-		netdev := "?"
-		if ifc, err := net.InterfaceByIndex(e.NetdevIndex); err == nil {
-			netdev = ifc.Name
+		netdev := e.Netdev
+		if netdev == "" {
+			netdev = "?"
 		}
 		cands = append(cands, fmt.Sprintf("%d (%v, %v, %s)", e.Index, ip, e.Type, netdev))
 	}

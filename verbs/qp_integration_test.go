@@ -234,14 +234,14 @@ func TestRCByHandOnRXE(t *testing.T) {
 	})
 }
 
-// connectByHand takes self to RTS towards peer with ConnParams.
+// connectByHand takes self to RTS towards peer with QPSetup.
 func connectByHand(t *testing.T, qpType verbs.QPType, self *endpointQP, peerQPN, psn, peerPSN uint32,
 	gid verbs.GID, gidIndex int, mtu verbs.MTU) {
 	t.Helper()
-	steps, err := verbs.ConnParams{Type: qpType, Port: 1, QKey: udQKey,
+	steps, err := verbs.QPSetup{Type: qpType, Port: 1, QKey: udQKey,
 		Access: verbs.AccessRemoteWrite | verbs.AccessRemoteRead | verbs.AccessRemoteAtomic, SQPSN: psn,
-		Remote: verbs.Remote{QPN: peerQPN, PSN: peerPSN, GID: gid},
-		Path:   verbs.Path{Global: true, SGIDIndex: uint8(gidIndex), LocalActiveMTU: mtu},
+		Remote:   verbs.Remote{QPN: peerQPN, PSN: peerPSN, GID: gid},
+		PathAttr: verbs.PathAttr{Global: true, SGIDIndex: uint8(gidIndex), LocalActiveMTU: mtu},
 	}.Steps()
 	require.NoError(t, err)
 	for _, s := range steps {
@@ -344,8 +344,8 @@ func TestManualTransitionsRefusedOnSIW(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { assert.NoError(t, pd.Close()) })
 	e := newEndpoint(t, dev, pd, verbs.QPTypeRC)
-	steps, err := verbs.ConnParams{Type: verbs.QPTypeRC, Port: 1, Remote: verbs.Remote{QPN: e.qp.QPN},
-		Path: verbs.Path{LocalActiveMTU: verbs.MTU1024}}.Steps()
+	steps, err := verbs.QPSetup{Type: verbs.QPTypeRC, Port: 1, Remote: verbs.Remote{QPN: e.qp.QPN},
+		PathAttr: verbs.PathAttr{LocalActiveMTU: verbs.MTU1024}}.Steps()
 	require.NoError(t, err)
 	require.NoError(t, e.qp.Modify(&steps[0].Attr, steps[0].Mask), "RESET→INIT is allowed on iWARP")
 	err = e.qp.Modify(&steps[1].Attr, steps[1].Mask)

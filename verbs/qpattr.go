@@ -117,7 +117,7 @@ func (f AccessFlags) String() string {
 	return flagString(uint32(f), func(bit uint32) string { return accessNames[AccessFlags(bit)] })
 }
 
-// AttrMask says which fields of a QPAttr a modify or query uses (enum
+// AttrMask says which fields of a [QPAttr] a modify or query uses (enum
 // ibv_qp_attr_mask). It prints as STATE|AV|PATH_MTU.
 type AttrMask uint32
 
@@ -224,7 +224,7 @@ type QPCap struct {
 }
 
 // QPAttr models every field of struct ibv_qp_attr. Which fields a modify uses
-// is said by an AttrMask; start from the zero value (the C struct may grow, and
+// is said by an [AttrMask]; start from the zero value (the C struct may grow, and
 // unused fields must be zero).
 type QPAttr struct {
 	State        QPState  // AttrState: the state to move to

@@ -7,7 +7,7 @@ import (
 
 // ACKTimeout is the 5-bit local ACK timeout code of an RC QP: the sender
 // waits 4.096 µs × 2^code for an ACK before retransmitting. Code 0 means wait
-// forever: a single lost packet then stalls the QP for good (see Warnings).
+// forever: a single lost packet then stalls the QP for good (see [Warnings]).
 type ACKTimeout uint8
 
 // ACKTimeoutInfinite is code 0: never retransmit.
@@ -40,7 +40,7 @@ func (t ACKTimeout) String() string {
 
 // ACKTimeoutFor returns the smallest code whose timeout is at least d
 // (14 ≈ 67 ms is a common choice). It fails for d ≤ 0 (use
-// ACKTimeoutInfinite deliberately, never by accident) and above code 31.
+// [ACKTimeoutInfinite] deliberately, never by accident) and above code 31.
 func ACKTimeoutFor(d time.Duration) (ACKTimeout, error) {
 	if d <= 0 {
 		return 0, fmt.Errorf("verbs: ACK timeout %v: must be positive (code 0, never retransmit, is ACKTimeoutInfinite)", d)

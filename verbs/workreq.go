@@ -189,20 +189,29 @@ func (wc *WorkCompletion) Err() error {
 	if wc.Status == WCSuccess {
 		return nil
 	}
-	msg := fmt.Sprintf("verbs: work request %d on QP %#x completed with %v (vendor error %#x)", wc.ID, wc.QPN, wc.Status, wc.VendorErr)
-	if h := wc.Status.Hint(); h != "" {
-		msg += ": " + h
-	}
-	return &CompletionError{WC: *wc, msg: msg}
+	return &CompletionError{WC: *wc}
 }
 
 // CompletionError is a failed work completion.
 type CompletionError struct {
-	WC  WorkCompletion
-	msg string
+	WC WorkCompletion
+	// Hint, when set, replaces the status's own ([WCStatus.Hint]) in Error:
+	// a caller that knows what the work request was for can say more.
+	Hint string
 }
 
-func (e *CompletionError) Error() string { return e.msg }
+func (e *CompletionError) Error() string {
+	wc := &e.WC
+	msg := fmt.Sprintf("verbs: work request %d on QP %#x completed with %v (vendor error %#x)", wc.ID, wc.QPN, wc.Status, wc.VendorErr)
+	h := e.Hint
+	if h == "" {
+		h = wc.Status.Hint()
+	}
+	if h != "" {
+		msg += ": " + h
+	}
+	return msg
+}
 
 // QPInit describes a QP to create (struct ibv_qp_init_attr).
 type QPInit struct {
