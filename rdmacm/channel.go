@@ -65,6 +65,9 @@ type eventSource interface {
 	// read waits for the next event, which it has already acked; an error
 	// means that none will come again.
 	read() (rawEvent, error)
+	// close releases the channel once read has failed and no id is left
+	// on it.
+	close()
 }
 
 // cmaSource is librdmacm's event channel, waited for in Go's poller.
@@ -79,6 +82,11 @@ func (s *cmaSource) newID(token uint64, ps PortSpace) (cmHandle, error) {
 		return nil, err
 	}
 	return id, nil
+}
+
+func (s *cmaSource) close() {
+	s.w.Close()
+	s.ch.Destroy()
 }
 
 func (s *cmaSource) read() (rawEvent, error) {
@@ -119,6 +127,8 @@ type channel struct {
 
 	failed chan struct{} // closed when the source failed; err says why
 	err    error
+	// released: the failed source was closed, its last id gone.
+	released bool
 }
 
 func newChannel(src eventSource) *channel {
@@ -216,8 +226,29 @@ func (ch *channel) add(ps PortSpace) *ID {
 
 func (ch *channel) remove(c *ID) {
 	ch.mu.Lock()
-	defer ch.mu.Unlock()
 	delete(ch.ids, c.token)
+	release := ch.releasable()
+	ch.mu.Unlock()
+	if release {
+		ch.src.close()
+	}
+}
+
+// releasable reports, once, whether the source should be closed now: it
+// has failed and its last id is gone (librdmacm destroys an id through
+// its channel's descriptor, so the channel outlives its ids). The caller
+// holds mu.
+func (ch *channel) releasable() bool {
+	select {
+	case <-ch.failed:
+	default:
+		return false
+	}
+	if ch.released || len(ch.ids) > 0 {
+		return false
+	}
+	ch.released = true
+	return true
 }
 
 func (ch *channel) lookup(token uint64) *ID {
@@ -257,8 +288,9 @@ func (ch *channel) failure() error {
 	return fmt.Errorf("%w: %v", ErrEventChannel, ch.err)
 }
 
-// dispatch runs until the source fails: the process's channel is never
-// closed, like librdmacm's own per-process state.
+// dispatch runs until the source fails: a working channel is never
+// closed, like librdmacm's own per-process state; a failed one is
+// released with its last id.
 func (ch *channel) dispatch() {
 	for {
 		re, err := ch.src.read()
@@ -300,7 +332,11 @@ func (ch *channel) fail(err error) {
 	for _, c := range ch.ids {
 		ids = append(ids, c)
 	}
+	release := ch.releasable()
 	ch.mu.Unlock()
+	if release {
+		ch.src.close()
+	}
 	for _, c := range ids {
 		c.mu.Lock()
 		tell := c.handler != nil && !c.toldFailure

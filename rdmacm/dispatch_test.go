@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -21,6 +22,7 @@ import (
 type fakeSource struct {
 	events chan rawEvent
 	fail   chan error
+	closed atomic.Int32
 }
 
 func newFakeSource() *fakeSource {
@@ -39,6 +41,8 @@ func (s *fakeSource) read() (rawEvent, error) {
 		return rawEvent{}, err
 	}
 }
+
+func (s *fakeSource) close() { s.closed.Add(1) }
 
 func (s *fakeSource) send(token uint64, t EventType, child cmHandle) {
 	s.events <- rawEvent{ev: &Event{Type: t}, token: token, child: child}
@@ -279,9 +283,27 @@ func TestFailingChannelReachesEveryWaiter(t *testing.T) {
 	handled.setHandler(func(ev *Event) { again <- ev })
 	assert.Equal(t, eventChannelFailed, (<-again).Type)
 
+	// The failed channel is released once its last id is gone, not
+	// before: librdmacm destroys an id through its channel.
 	waiting.Close()
+	assert.Zero(t, src.closed.Load(), "released while an id is still on it")
 	handled.Close()
+	assert.EqualValues(t, 1, src.closed.Load(), "the failed channel was not released after its last id")
 	settle(t, before)
+}
+
+// A channel that fails with no id on it is released at once; one that
+// works is never released.
+func TestFailedChannelWithoutIDsIsReleased(t *testing.T) {
+	src := newFakeSource()
+	ch := newChannel(src)
+	id, err := ch.newID(PortSpaceTCP)
+	require.NoError(t, err)
+	id.Close()
+	assert.Zero(t, src.closed.Load(), "a working channel outlives its ids")
+	src.fail <- errors.New("epoll broke")
+	<-ch.failed
+	assert.Eventually(t, func() bool { return src.closed.Load() == 1 }, 5*time.Second, time.Millisecond)
 }
 
 // strictHandle fails the test when the C id would be touched after
