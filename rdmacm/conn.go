@@ -127,15 +127,22 @@ type conn struct {
 	released bool
 }
 
-// QP, SendCQ, RecvCQ, PD and Device are the connection's verbs objects,
-// for work requests the helpers do not cover: post on QP and poll the
-// CQs yourself (but not while a helper waits on the same CQ, or the
-// completions are split between you). Close releases them, except those
-// the ConnConfig lent.
-func (c *conn) QP() *verbs.QP         { return c.qp }
-func (c *conn) SendCQ() *verbs.CQ     { return c.scq }
-func (c *conn) RecvCQ() *verbs.CQ     { return c.rcq }
-func (c *conn) PD() *verbs.PD         { return c.pd }
+// QP is the connection's queue pair, for work requests the helpers do not
+// cover: post on it and poll the CQs yourself (but not while a helper
+// waits on the same CQ, or the completions are split between you). Close
+// releases the QP, and the CQs and PD unless the ConnConfig lent them.
+func (c *conn) QP() *verbs.QP { return c.qp }
+
+// SendCQ is the completion queue of the QP's sends (see QP).
+func (c *conn) SendCQ() *verbs.CQ { return c.scq }
+
+// RecvCQ is the completion queue of the QP's receives (see QP).
+func (c *conn) RecvCQ() *verbs.CQ { return c.rcq }
+
+// PD is the protection domain of the QP and of RegisterMemory's memory.
+func (c *conn) PD() *verbs.PD { return c.pd }
+
+// Device is the RDMA device the connection goes through.
 func (c *conn) Device() *verbs.Device { return c.dev }
 
 // kindName is the kind of RDMA, with the RoCE version.
