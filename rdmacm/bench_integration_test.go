@@ -23,9 +23,9 @@ func benchPair(b *testing.B) (client, server *rdmacm.Conn, cmr, smr *verbs.MR) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	b.Cleanup(cancel)
 	d := rxe(b)
-	opts := &rdmacm.Options{Cap: verbs.QPCap{MaxSendWR: 2 * batch, MaxRecvWR: 2 * batch, MaxSendSGE: 1, MaxRecvSGE: 1},
+	cfg := rdmacm.ConnConfig{Cap: verbs.QPCap{MaxSendWR: 2 * batch, MaxRecvWR: 2 * batch, MaxSendSGE: 1, MaxRecvSGE: 1},
 		CQEntries: 4 * batch}
-	l, err := rdmacm.Listen(d.at(port()), opts)
+	l, err := (&rdmacm.ListenConfig{ConnConfig: cfg}).Listen(ctx, d.at(port()))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -38,7 +38,7 @@ func benchPair(b *testing.B) (client, server *rdmacm.Conn, cmr, smr *verbs.MR) {
 		}
 		accepted <- c
 	}()
-	if client, err = rdmacm.Dial(ctx, l.Addr().String(), opts); err != nil {
+	if client, err = (&rdmacm.Dialer{ConnConfig: cfg}).Dial(ctx, l.Addr().String()); err != nil {
 		b.Fatal(err)
 	}
 	server = <-accepted
@@ -74,12 +74,12 @@ func BenchmarkPostSendBatch(b *testing.B) {
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		c0 := runtime.NumCgoCall()
-		if err := client.QP.PostSend(wrs...); err != nil {
+		if err := client.QP().PostSend(wrs...); err != nil {
 			b.Fatal(err)
 		}
 		posts += runtime.NumCgoCall() - c0
 		for done := 0; done < batch; {
-			n, err := client.SendCQ.Poll(wcs)
+			n, err := client.SendCQ().Poll(wcs)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -104,22 +104,22 @@ func BenchmarkPollBatch(b *testing.B) {
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		b.StopTimer()
-		if err := server.QP.PostRecv(recvs...); err != nil {
+		if err := server.QP().PostRecv(recvs...); err != nil {
 			b.Fatal(err)
 		}
-		if err := client.QP.PostSend(sends...); err != nil {
+		if err := client.QP().PostSend(sends...); err != nil {
 			b.Fatal(err)
 		}
 		for n := 0; n == 0; { // the signaled last send: every receive has landed
 			var err error
-			if n, err = client.SendCQ.Poll(wcs[:1]); err != nil {
+			if n, err = client.SendCQ().Poll(wcs[:1]); err != nil {
 				b.Fatal(err)
 			}
 		}
 		b.StartTimer()
 		for done := 0; done < batch; {
 			c0 := runtime.NumCgoCall()
-			n, err := server.RecvCQ.Poll(wcs)
+			n, err := server.RecvCQ().Poll(wcs)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -137,7 +137,7 @@ func BenchmarkPollEmpty(b *testing.B) {
 	c0 := runtime.NumCgoCall()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		if _, err := client.RecvCQ.Poll(wcs); err != nil {
+		if _, err := client.RecvCQ().Poll(wcs); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -168,7 +168,7 @@ func BenchmarkSendRecvRoundTrip(b *testing.B) {
 func BenchmarkDialClose(b *testing.B) {
 	ctx := context.Background()
 	d := rxe(b)
-	l, err := rdmacm.Listen(d.at(port()), nil)
+	l, err := rdmacm.Listen(d.at(port()))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -184,7 +184,7 @@ func BenchmarkDialClose(b *testing.B) {
 	}()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		c, err := rdmacm.Dial(ctx, l.Addr().String(), nil)
+		c, err := rdmacm.Dial(ctx, l.Addr().String())
 		if err != nil {
 			b.Fatal(err)
 		}

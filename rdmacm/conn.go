@@ -711,30 +711,10 @@ func (c *conn) sharedCQError(op, field string) error {
 	return oe
 }
 
-// CompletionError is a work request that completed with an error status.
-type CompletionError struct {
-	Status verbs.WCStatus
-	Vendor uint32
-	// hint, where the connection knows more, replaces the status's own.
-	hint string
-}
-
-func (e *CompletionError) Error() string {
-	s := fmt.Sprintf("completion status %v (vendor error %#x)", e.Status, e.Vendor)
-	h := e.hint
-	if h == "" {
-		h = e.Status.Hint()
-	}
-	if h != "" {
-		s += ": " + h
-	}
-	return s
-}
-
 // completionError is op's failed completion wc; n is the length of what
 // op sent (0 for a receive).
 func (c *conn) completionError(op string, wc verbs.WorkCompletion, n int) error {
-	ce := &CompletionError{Status: wc.Status, Vendor: wc.VendorErr, hint: c.completionHint(op, wc.Status, n)}
+	ce := &verbs.CompletionError{WC: wc, Hint: c.completionHint(op, wc.Status, n)}
 	if wc.Status != verbs.WCWRFlushErr {
 		// Its own failure, even if the connection ended since (siw ends
 		// it on a receive that does not fit): the end is not the cause.
@@ -745,7 +725,7 @@ func (c *conn) completionError(op string, wc verbs.WorkCompletion, n int) error 
 	// arrives: give the event a moment to say so.
 	select {
 	case <-c.done:
-		ce.hint = "the work request was flushed when the connection ended"
+		ce.Hint = "the work request was flushed when the connection ended"
 	case <-time.After(flushGrace):
 	}
 	return c.opError(op, c.Err(), ce)

@@ -50,19 +50,19 @@ func exchange(t *testing.T, client, server *rdmacm.Conn) {
 	// RDMA WRITE 4 KiB into it, then READ it back elsewhere.
 	pattern := bytes.Repeat([]byte("rdmago!"), 4096/7+1)[:4096]
 	copy(cmr.Bytes()[1024:], pattern)
-	require.NoError(t, client.Write(ctx, cmr, 1024, 4096, remote))
+	require.NoError(t, client.RDMAWrite(ctx, cmr, 1024, 4096, remote))
 	assert.Equal(t, pattern, smr.Bytes()[8192:8192+4096], "RDMA WRITE landed")
-	require.NoError(t, client.Read(ctx, cmr, 32768, 4096, remote))
+	require.NoError(t, client.RDMARead(ctx, cmr, 32768, 4096, remote))
 	assert.Equal(t, pattern, cmr.Bytes()[32768:32768+4096], "RDMA READ brought it back")
 }
 
 func TestDialAccept(t *testing.T) {
 	forEachDevice(t, func(t *testing.T, d device) {
 		checkNoLeaks(t)
-		client, server := pair(t, d, nil)
+		client, server := pair(t, d, rdmacm.ConnConfig{})
 		exchange(t, client, server)
 		for _, c := range []*rdmacm.Conn{client, server} {
-			p := c.Path()
+			p := c.Route()
 			assert.Equal(t, d.name, p.Device)
 			assert.Equal(t, 1, p.Port)
 			assert.Equal(t, rdmacm.ModeCM, p.Mode)
@@ -79,7 +79,7 @@ func TestDialAccept(t *testing.T) {
 				assert.Contains(t, p.String(), "(RoCE v2, CM-managed), GID index")
 			}
 			if !d.iwarp { // siw's ibv_query_qp reports RESET on a connected QP
-				assert.Equal(t, verbs.QPStateRTS, c.QP.State())
+				assert.Equal(t, verbs.QPStateRTS, c.QP().State())
 			}
 		}
 		assert.Equal(t, client.LocalAddr(), server.RemoteAddr())
@@ -87,17 +87,16 @@ func TestDialAccept(t *testing.T) {
 	})
 }
 
-// Options that end up in the QP: ToS as the GRH traffic class, the ACK
+// Settings that end up in the QP: ToS as the GRH traffic class, the ACK
 // timeout, and the RNR retry count the dialer asked for.
-func TestOptionsReachTheQP(t *testing.T) {
+func TestConnConfigReachesTheQP(t *testing.T) {
 	checkNoLeaks(t)
-	rnr := uint8(3)
-	client, server := pair(t, rxe(t), &rdmacm.Options{TOS: 32, ACKTimeout: 16, RNRRetryCount: &rnr})
-	a, err := client.QP.Query(verbs.AttrAV | verbs.AttrTimeout | verbs.AttrRNRRetry)
+	client, server := pair(t, rxe(t), rdmacm.ConnConfig{TOS: 32, ACKTimeout: 16, RNRRetryCount: 3})
+	a, err := client.QP().Query(verbs.AttrAV | verbs.AttrTimeout | verbs.AttrRNRRetry)
 	require.NoError(t, err)
 	assert.Equal(t, uint8(32), a.AH.GRH.TrafficClass, "RDMA_OPTION_ID_TOS")
 	assert.Equal(t, verbs.ACKTimeout(16), a.Timeout, "RDMA_OPTION_ID_ACK_TIMEOUT")
-	s, err := server.QP.Query(verbs.AttrRNRRetry)
+	s, err := server.QP().Query(verbs.AttrRNRRetry)
 	require.NoError(t, err)
 	assert.Equal(t, uint8(3), s.RNRRetry, "the server retries RNR as often as the dialer asked")
 }
@@ -108,7 +107,7 @@ func TestListenOnWildcard(t *testing.T) {
 	checkNoLeaks(t)
 	ctx := ctxFor(t, 30*time.Second)
 	p := port()
-	l, err := rdmacm.Listen(fmt.Sprintf("0.0.0.0:%d", p), nil)
+	l, err := rdmacm.Listen(fmt.Sprintf("0.0.0.0:%d", p))
 	require.NoError(t, err, "wildcard listen (the test bed's siw devices must not share an ifindex)")
 	defer l.Close()
 	assert.Equal(t, netip.MustParseAddrPort(fmt.Sprintf("0.0.0.0:%d", p)), l.Addr())
@@ -120,13 +119,13 @@ func TestListenOnWildcard(t *testing.T) {
 				assert.NoError(t, err)
 				accepted <- c
 			}()
-			client, err := rdmacm.Dial(ctx, d.at(p), nil)
+			client, err := rdmacm.Dial(ctx, d.at(p))
 			require.NoError(t, err)
 			defer client.Close()
 			server := <-accepted
 			require.NotNil(t, server)
 			defer server.Close()
-			assert.Equal(t, d.name, server.Path().Device, "the request arrived on the dialed device")
+			assert.Equal(t, d.name, server.Route().Device, "the request arrived on the dialed device")
 			assert.Equal(t, client.RemoteAddr(), server.LocalAddr())
 			exchange(t, client, server)
 		})

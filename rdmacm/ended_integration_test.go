@@ -71,8 +71,8 @@ func everyCallFails(t *testing.T, c *rdmacm.Conn, mr *verbs.MR, reason error) {
 		{"PostRecv", func() error { return c.PostRecv(mr, 0, 64) }},
 		{"Recv", func() error { _, err := c.Recv(ctx); return err }},
 		{"Send", func() error { return c.Send(ctx, mr, 0, 64) }},
-		{"Write", func() error { return c.Write(ctx, mr, 0, 64, remote) }},
-		{"Read", func() error { return c.Read(ctx, mr, 64, 64, remote) }},
+		{"RDMAWrite", func() error { return c.RDMAWrite(ctx, mr, 0, 64, remote) }},
+		{"RDMARead", func() error { return c.RDMARead(ctx, mr, 64, 64, remote) }},
 		{"RegisterMemory", func() error { _, err := c.RegisterMemory(4096, access); return err }},
 	}
 	for _, call := range calls {
@@ -94,7 +94,7 @@ func everyCallFails(t *testing.T, c *rdmacm.Conn, mr *verbs.MR, reason error) {
 func TestEndedConnectionFailsEveryCallAtOnce(t *testing.T) {
 	forEachDevice(t, func(t *testing.T, d device) {
 		checkNoLeaks(t)
-		client, server := pair(t, d, nil)
+		client, server := pair(t, d, rdmacm.ConnConfig{})
 		cmr, err := client.RegisterMemory(4096, access)
 		require.NoError(t, err)
 		smr, err := server.RegisterMemory(4096, access)
@@ -138,7 +138,7 @@ func TestEndedConnectionFailsEveryCallAtOnce(t *testing.T) {
 func TestEndedByCloseReleasesWaitingCalls(t *testing.T) {
 	forEachDevice(t, func(t *testing.T, d device) {
 		checkNoLeaks(t)
-		_, server := pair(t, d, nil)
+		_, server := pair(t, d, rdmacm.ConnConfig{})
 		recv := blocked(t, "Recv", func() error {
 			_, err := server.Recv(ctxFor(t, 30*time.Second))
 			return err
@@ -152,7 +152,7 @@ func TestEndedByCloseReleasesWaitingCalls(t *testing.T) {
 // forever by default) returns when the peer goes.
 func TestEndedPeerReleasesAWaitingSend(t *testing.T) {
 	checkNoLeaks(t)
-	client, server := pair(t, rxe(t), nil)
+	client, server := pair(t, rxe(t), rdmacm.ConnConfig{})
 	mr, err := client.RegisterMemory(4096, access)
 	require.NoError(t, err)
 	send := blocked(t, "Send", func() error { return client.Send(context.Background(), mr, 0, 64) })

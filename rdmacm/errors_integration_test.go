@@ -39,7 +39,7 @@ func TestPrivateDataBothWays(t *testing.T) {
 				served <- c
 			}
 		}()
-		c, err := rdmacm.Dial(ctx, addr, &rdmacm.Options{PrivateData: connectData})
+		c, err := (&rdmacm.Dialer{PrivateData: connectData}).Dial(ctx, addr)
 		require.NoError(t, err)
 		defer c.Close()
 		assert.Equal(t, acceptData, c.PeerPrivateData())
@@ -54,11 +54,12 @@ func TestOversizePrivateDataRefusedBeforeTheWire(t *testing.T) {
 	checkNoLeaks(t)
 	d := rxe(t)
 	ctx := ctxFor(t, 20*time.Second)
-	_, err := rdmacm.Dial(ctx, d.at(port()), &rdmacm.Options{PrivateData: make([]byte, 53)})
+	_, err := (&rdmacm.Dialer{PrivateData: make([]byte, 53)}).Dial(ctx, d.at(port()))
 	require.ErrorIs(t, err, rdmacm.ErrPrivateDataTooLong)
 	assert.Contains(t, err.Error(), "at most 52")
 
-	_, err = rdmacm.Dial(ctx, d.at(port()), &rdmacm.Options{PrivateData: make([]byte, 57), RawPrivateData: true})
+	raw := rdmacm.Dialer{ConnConfig: rdmacm.ConnConfig{RawPrivateData: true}, PrivateData: make([]byte, 57)}
+	_, err = raw.Dial(ctx, d.at(port()))
 	require.ErrorIs(t, err, rdmacm.ErrPrivateDataTooLong)
 	assert.Contains(t, err.Error(), "at most 56")
 
@@ -73,7 +74,7 @@ func TestOversizePrivateDataRefusedBeforeTheWire(t *testing.T) {
 			assert.NoError(t, r.Reject(nil))
 		}
 	}()
-	_, err = rdmacm.Dial(ctx, addr, nil)
+	_, err = rdmacm.Dial(ctx, addr)
 	assert.ErrorIs(t, err, rdmacm.ErrRejected)
 }
 
@@ -90,7 +91,7 @@ func TestRejectWithPrivateData(t *testing.T) {
 			}
 		}()
 		start := time.Now()
-		_, err := rdmacm.Dial(ctx, addr, nil)
+		_, err := rdmacm.Dial(ctx, addr)
 		require.ErrorIs(t, err, rdmacm.ErrRejected)
 		var rej *rdmacm.RejectedError
 		require.ErrorAs(t, err, &rej)
@@ -111,7 +112,7 @@ func TestDialNoListener(t *testing.T) {
 	forEachDevice(t, func(t *testing.T, d device) {
 		checkNoLeaks(t)
 		start := time.Now()
-		_, err := rdmacm.Dial(ctxFor(t, 20*time.Second), d.at(port()), nil)
+		_, err := rdmacm.Dial(ctxFor(t, 20*time.Second), d.at(port()))
 		require.ErrorIs(t, err, rdmacm.ErrRejected)
 		var rej *rdmacm.RejectedError
 		require.ErrorAs(t, err, &rej)
@@ -132,9 +133,9 @@ func TestListenOnAPortInUse(t *testing.T) {
 	forEachDevice(t, func(t *testing.T, d device) {
 		checkNoLeaks(t)
 		for _, reuse := range []bool{false, true} {
-			opts := &rdmacm.Options{ReuseAddr: reuse}
-			_, addr := listen(t, d, opts)
-			_, err := rdmacm.Listen(addr, opts)
+			lc := &rdmacm.ListenConfig{ReuseAddr: reuse}
+			_, addr := listen(t, d, lc)
+			_, err := lc.Listen(context.Background(), addr)
 			requireAddrInUse(t, err, "bind", "another rdma_cm id")
 		}
 	})
@@ -161,7 +162,7 @@ func TestWildcardListenOnCollidingSIWDevices(t *testing.T) {
 		run(t, "ip", "-n", ns, "link", "set", "clash", "up")
 		run(t, "ip", "netns", "exec", ns, "rdma", "link", "add", dev, "type", "siw", "netdev", "clash")
 	}
-	l, err := rdmacm.Listen(fmt.Sprintf("0.0.0.0:%d", port()), nil)
+	l, err := rdmacm.Listen(fmt.Sprintf("0.0.0.0:%d", port()))
 	if err == nil {
 		l.Close()
 	}
@@ -186,9 +187,9 @@ func TestDialAddressWithoutRDMADevice(t *testing.T) {
 	t.Cleanup(func() { exec.Command("ip", "link", "del", "nordma0").Run() })
 	run(t, "ip", "link", "set", "nordma0", "up")
 	run(t, "ip", "addr", "add", "10.61.0.1/24", "dev", "nordma0")
-	opts := &rdmacm.Options{ResolveAddrTimeout: 500 * time.Millisecond}
+	dl := &rdmacm.Dialer{ResolveAddrTimeout: 500 * time.Millisecond}
 	start := time.Now()
-	_, err := rdmacm.Dial(ctxFor(t, 20*time.Second), "10.61.0.2:7000", opts)
+	_, err := dl.Dial(ctxFor(t, 20*time.Second), "10.61.0.2:7000")
 	require.ErrorIs(t, err, rdmacm.ErrAddrResolution)
 	t.Log(err)
 	assert.Less(t, time.Since(start), 5*time.Second)
@@ -197,7 +198,7 @@ func TestDialAddressWithoutRDMADevice(t *testing.T) {
 	assert.Equal(t, "resolve address", oe.Op)
 
 	// A source address on that netdev: no RDMA device there either.
-	_, err = rdmacm.Dial(ctxFor(t, 20*time.Second), rxe(t).at(port()), &rdmacm.Options{Source: mustAddr("10.61.0.1")})
+	_, err = (&rdmacm.Dialer{Source: mustAddr("10.61.0.1")}).Dial(ctxFor(t, 20*time.Second), rxe(t).at(port()))
 	require.ErrorIs(t, err, rdmacm.ErrAddrResolution)
 	assert.ErrorIs(t, err, syscall.ENODEV)
 	assert.Contains(t, err.Error(), "not on an RDMA netdev")
@@ -206,7 +207,7 @@ func TestDialAddressWithoutRDMADevice(t *testing.T) {
 func TestDialUnroutable(t *testing.T) {
 	checkNoLeaks(t)
 	start := time.Now()
-	_, err := rdmacm.Dial(ctxFor(t, 20*time.Second), "198.51.100.7:7000", nil)
+	_, err := rdmacm.Dial(ctxFor(t, 20*time.Second), "198.51.100.7:7000")
 	require.ErrorIs(t, err, rdmacm.ErrAddrResolution)
 	assert.ErrorIs(t, err, syscall.ENETUNREACH)
 	assert.Less(t, time.Since(start), 3*time.Second)
@@ -217,9 +218,9 @@ func TestDialUnroutable(t *testing.T) {
 // ResolveAddrTimeout, and the retries are bounded.
 func TestDialSilentNeighbourTimesOut(t *testing.T) {
 	checkNoLeaks(t)
-	opts := &rdmacm.Options{ResolveAddrTimeout: 300 * time.Millisecond, ResolveRetries: 1}
+	dl := &rdmacm.Dialer{ResolveAddrTimeout: 300 * time.Millisecond, ResolveRetries: 1}
 	start := time.Now()
-	_, err := rdmacm.Dial(ctxFor(t, 20*time.Second), "10.10.0.77:7000", opts)
+	_, err := dl.Dial(ctxFor(t, 20*time.Second), "10.10.0.77:7000")
 	elapsed := time.Since(start)
 	require.ErrorIs(t, err, rdmacm.ErrAddrResolution)
 	assert.ErrorIs(t, err, syscall.ETIMEDOUT)
@@ -235,7 +236,7 @@ func TestCancelDuringResolve(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	time.AfterFunc(200*time.Millisecond, cancel)
 	start := time.Now()
-	_, err := rdmacm.Dial(ctx, "10.10.0.77:7000", &rdmacm.Options{ResolveAddrTimeout: 10 * time.Second})
+	_, err := (&rdmacm.Dialer{ResolveAddrTimeout: 10 * time.Second}).Dial(ctx, "10.10.0.77:7000")
 	assert.ErrorIs(t, err, context.Canceled)
 	assert.Less(t, time.Since(start), time.Second, "returns promptly")
 }
@@ -249,7 +250,8 @@ func TestCancelDuringConnect(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		time.AfterFunc(300*time.Millisecond, cancel)
 		start := time.Now()
-		_, err := rdmacm.Dial(ctx, addr, &rdmacm.Options{ConnectTimeout: 10 * time.Second})
+		dl := &rdmacm.Dialer{ConnConfig: rdmacm.ConnConfig{ConnectTimeout: 10 * time.Second}}
+		_, err := dl.Dial(ctx, addr)
 		assert.ErrorIs(t, err, context.Canceled)
 		assert.Less(t, time.Since(start), time.Second)
 		var oe *rdmacm.OpError
@@ -263,7 +265,8 @@ func TestConnectTimeout(t *testing.T) {
 		checkNoLeaks(t)
 		_, addr := listen(t, d, nil)
 		start := time.Now()
-		_, err := rdmacm.Dial(ctxFor(t, 20*time.Second), addr, &rdmacm.Options{ConnectTimeout: 500 * time.Millisecond})
+		dl := &rdmacm.Dialer{ConnConfig: rdmacm.ConnConfig{ConnectTimeout: 500 * time.Millisecond}}
+		_, err := dl.Dial(ctxFor(t, 20*time.Second), addr)
 		require.ErrorIs(t, err, rdmacm.ErrTimeout)
 		assert.Less(t, time.Since(start), 2*time.Second)
 	})
@@ -272,7 +275,7 @@ func TestConnectTimeout(t *testing.T) {
 func TestCancelDuringAccept(t *testing.T) {
 	forEachDevice(t, func(t *testing.T, d device) {
 		checkNoLeaks(t)
-		l, err := rdmacm.Listen(d.at(port()), nil)
+		l, err := rdmacm.Listen(d.at(port()))
 		require.NoError(t, err)
 		defer l.Close()
 		ctx, cancel := context.WithCancel(context.Background())
@@ -304,11 +307,12 @@ func TestCancelDuringAccept(t *testing.T) {
 func TestAcceptWhenDialerGivesUp(t *testing.T) {
 	forEachDevice(t, func(t *testing.T, d device) {
 		checkNoLeaks(t)
-		l, addr := listen(t, d, &rdmacm.Options{ConnectTimeout: 3 * time.Second})
+		l, addr := listen(t, d, &rdmacm.ListenConfig{ConnConfig: rdmacm.ConnConfig{ConnectTimeout: 3 * time.Second}})
 		dialCtx, cancel := context.WithCancel(context.Background())
 		dialed := make(chan error, 1)
 		go func() {
-			_, err := rdmacm.Dial(dialCtx, addr, &rdmacm.Options{ConnectTimeout: 10 * time.Second})
+			dl := &rdmacm.Dialer{ConnConfig: rdmacm.ConnConfig{ConnectTimeout: 10 * time.Second}}
+			_, err := dl.Dial(dialCtx, addr)
 			dialed <- err
 		}()
 		r, err := l.Request(ctxFor(t, 10*time.Second))
@@ -347,7 +351,7 @@ func TestDoubleUseOfRequest(t *testing.T) {
 			assert.ErrorIs(t, err, rdmacm.ErrClosed)
 		}
 	}()
-	_, err := rdmacm.Dial(ctx, addr, nil)
+	_, err := rdmacm.Dial(ctx, addr)
 	assert.True(t, errors.Is(err, rdmacm.ErrRejected), "%v", err)
 }
 
@@ -355,13 +359,13 @@ func TestFullBacklogAndClosingListenerRefuseWithAReason(t *testing.T) {
 	forEachDevice(t, func(t *testing.T, d device) {
 		checkNoLeaks(t)
 		ctx := ctxFor(t, 30*time.Second)
-		l, addr := listen(t, d, &rdmacm.Options{Backlog: 1})
+		l, addr := listen(t, d, &rdmacm.ListenConfig{Backlog: 1})
 		// Nobody takes requests: the first waits in the backlog, the
 		// second finds it full.
 		errs := make(chan error, 2)
 		for range 2 {
 			go func() {
-				c, err := rdmacm.Dial(ctx, addr, nil)
+				c, err := rdmacm.Dial(ctx, addr)
 				if c != nil {
 					c.Close()
 				}
@@ -377,7 +381,7 @@ func TestFullBacklogAndClosingListenerRefuseWithAReason(t *testing.T) {
 		assert.Equal(t, rdmacm.RefusalBacklogFull, rej.Refusal)
 		assert.True(t, rej.ConsumerReject())
 		assert.Empty(t, rej.PrivateData, "the refusal is not the application's data")
-		for _, want := range []string{"backlog was full", "Options.Backlog", addr, d.name} {
+		for _, want := range []string{"backlog was full", "ListenConfig.Backlog", addr, d.name} {
 			assert.Contains(t, err.Error(), want)
 		}
 		assert.Less(t, time.Since(start), 10*time.Second, "refused at once, not left to time out")

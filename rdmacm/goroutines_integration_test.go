@@ -18,7 +18,7 @@ import (
 // What Conn's documentation promises of goroutines: several senders at
 // once, each Send returning once its own message went; a receiver that
 // maps each completion to its buffer by ID and posts it again while the
-// senders run; RegisterMemory and Path alongside.
+// senders run; RegisterMemory and Route alongside.
 func TestConnFromSeveralGoroutines(t *testing.T) {
 	forEachDevice(t, func(t *testing.T, d device) {
 		checkNoLeaks(t)
@@ -27,25 +27,25 @@ func TestConnFromSeveralGoroutines(t *testing.T) {
 		// Every receive is posted before the dialer may send: on iWARP
 		// a message that finds none ends the connection.
 		var smr *verbs.MR
-		sopts := &rdmacm.Options{Cap: verbsCap(slots), BeforeConnect: func(c *rdmacm.Conn) (err error) {
-			if smr, err = c.RegisterMemory(slots*size, access); err != nil {
+		slc := &rdmacm.ListenConfig{ConnConfig: rdmacm.ConnConfig{Cap: verbsCap(slots), BeforeConnect: func(s rdmacm.Setup) (err error) {
+			if smr, err = s.RegisterMemory(slots*size, access); err != nil {
 				return err
 			}
 			for i := range slots {
-				if err := c.PostRecv(smr, i*size, size); err != nil {
+				if err := s.PostRecv(smr, i*size, size); err != nil {
 					return err
 				}
 			}
 			return nil
-		}}
-		l, addr := listen(t, d, sopts)
+		}}}
+		l, addr := listen(t, d, slc)
 		accepted := make(chan *rdmacm.Conn, 1)
 		go func() {
 			c, err := l.Accept(ctx)
 			assert.NoError(t, err)
 			accepted <- c
 		}()
-		client, err := rdmacm.Dial(ctx, addr, nil)
+		client, err := rdmacm.Dial(ctx, addr)
 		require.NoError(t, err)
 		defer client.Close()
 		server := <-accepted
@@ -86,7 +86,7 @@ func TestConnFromSeveralGoroutines(t *testing.T) {
 					if !assert.NoError(t, client.Send(ctx, mr, 0, n)) {
 						return
 					}
-					_ = client.Path()
+					_ = client.Route()
 				}
 			}()
 		}

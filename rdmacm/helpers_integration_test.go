@@ -92,7 +92,7 @@ func TestMain(m *testing.M) {
 func warmUp(addr string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	l, err := rdmacm.Listen(addr+":8999", nil)
+	l, err := rdmacm.Listen(addr + ":8999")
 	if err != nil {
 		return
 	}
@@ -108,7 +108,7 @@ func warmUp(addr string) {
 			c.Close()
 		}
 	}()
-	if c, err := rdmacm.Dial(ctx, addr+":8999", nil); err == nil {
+	if c, err := rdmacm.Dial(ctx, addr+":8999"); err == nil {
 		c.Close()
 	} else {
 		l.Close()
@@ -169,21 +169,47 @@ func ctxFor(t *testing.T, d time.Duration) context.Context {
 	return ctx
 }
 
-// pair dials a listener on d and returns both ends.
-func pair(t *testing.T, d device, opts *rdmacm.Options) (client, server *rdmacm.Conn) {
+// pair dials a listener on d, both sides configured with cfg, and returns
+// both ends, closed when the test ends.
+func pair(t *testing.T, d device, cfg rdmacm.ConnConfig) (client, server *rdmacm.Conn) {
+	t.Helper()
+	return pairWith(t, d, &rdmacm.Dialer{ConnConfig: cfg}, &rdmacm.ListenConfig{ConnConfig: cfg})
+}
+
+// pairWith is pair with a Dialer and a ListenConfig of their own, for the
+// settings only one side has (private data, timeouts of resolution, the
+// backlog) or that differ between the sides.
+func pairWith(t *testing.T, d device, dl *rdmacm.Dialer, lc *rdmacm.ListenConfig) (client, server *rdmacm.Conn) {
+	t.Helper()
+	l, addr := listen(t, d, lc)
+	return connect(t, l.Accept, func(ctx context.Context) (*rdmacm.Conn, error) { return dl.Dial(ctx, addr) })
+}
+
+// udPair is pairWith for UD endpoints (ListenUD and DialUD).
+func udPair(t *testing.T, d device, dl *rdmacm.Dialer, lc *rdmacm.ListenConfig) (client, server *rdmacm.UDConn) {
+	t.Helper()
+	addr := d.at(port())
+	l, err := lc.ListenUD(context.Background(), addr)
+	require.NoError(t, err)
+	t.Cleanup(func() { l.Close() })
+	return connect(t, l.Accept, func(ctx context.Context) (*rdmacm.UDConn, error) { return dl.DialUD(ctx, addr) })
+}
+
+// connect runs accept and dial side by side and returns both ends, closed
+// when the test ends.
+func connect[C interface{ Close() error }](t *testing.T, accept, dial func(context.Context) (C, error)) (client, server C) {
 	t.Helper()
 	ctx := ctxFor(t, 20*time.Second)
-	l, addr := listen(t, d, opts)
 	type result struct {
-		c   *rdmacm.Conn
+		c   C
 		err error
 	}
 	accepted := make(chan result, 1)
 	go func() {
-		c, err := l.Accept(ctx)
+		c, err := accept(ctx)
 		accepted <- result{c, err}
 	}()
-	client, err := rdmacm.Dial(ctx, addr, opts)
+	client, err := dial(ctx)
 	require.NoError(t, err)
 	r := <-accepted
 	require.NoError(t, r.err)
@@ -208,11 +234,15 @@ func verbsCap(wr uint32) verbs.QPCap {
 	return verbs.QPCap{MaxSendWR: wr, MaxRecvWR: wr, MaxSendSGE: 1, MaxRecvSGE: 1}
 }
 
-// listen listens on a fresh port of d until the test ends.
-func listen(t *testing.T, d device, opts *rdmacm.Options) (*rdmacm.Listener, string) {
+// listen listens on a fresh port of d with lc (nil: the zero ListenConfig)
+// until the test ends.
+func listen(t *testing.T, d device, lc *rdmacm.ListenConfig) (*rdmacm.Listener, string) {
 	t.Helper()
+	if lc == nil {
+		lc = &rdmacm.ListenConfig{}
+	}
 	addr := d.at(port())
-	l, err := rdmacm.Listen(addr, opts)
+	l, err := lc.Listen(context.Background(), addr)
 	require.NoError(t, err)
 	t.Cleanup(func() { l.Close() })
 	return l, addr

@@ -17,22 +17,28 @@ import (
 
 // A receive posted in BeforeConnect is there before the peer can send: the
 // dialer sends at once, with no RNR retries at all, and on iWARP (where an
-// unmatched SEND would end the connection) as well.
+// unmatched SEND would end the connection) as well. (The dialer's QP takes
+// the RNR retry count of the listener's accept: both sides ask for none.)
 func TestBeforeConnectPostsReceivesInTime(t *testing.T) {
 	forEachDevice(t, func(t *testing.T, d device) {
 		checkNoLeaks(t)
-		zero := uint8(0)
 		var serverMR *verbs.MR
-		var early rdmacm.Path
-		serverOpts := &rdmacm.Options{BeforeConnect: func(c *rdmacm.Conn) error {
-			early = c.Path() // before the connection is up: no GID yet
+		// Setup has no Route, but the connection behind it has: a Route
+		// read before the connection is up (no GID yet) must not stand
+		// in for the one read once it is.
+		var early *rdmacm.Route
+		serverConfig := &rdmacm.ListenConfig{ConnConfig: rdmacm.ConnConfig{RNRRetryCount: -1, BeforeConnect: func(s rdmacm.Setup) error {
+			if r, ok := s.(interface{ Route() rdmacm.Route }); ok {
+				route := r.Route()
+				early = &route
+			}
 			var err error
-			if serverMR, err = c.RegisterMemory(4096, verbs.AccessLocalWrite); err != nil {
+			if serverMR, err = s.RegisterMemory(4096, verbs.AccessLocalWrite); err != nil {
 				return err
 			}
-			return c.PostRecv(serverMR, 0, 4096)
-		}}
-		l, addr := listen(t, d, serverOpts)
+			return s.PostRecv(serverMR, 0, 4096)
+		}}}
+		l, addr := listen(t, d, serverConfig)
 		ctx := ctxFor(t, 20*time.Second)
 		accepted := make(chan *rdmacm.Conn, 1)
 		go func() {
@@ -40,9 +46,15 @@ func TestBeforeConnectPostsReceivesInTime(t *testing.T) {
 			assert.NoError(t, err)
 			accepted <- c
 		}()
-		client, err := rdmacm.Dial(ctx, addr, &rdmacm.Options{RNRRetryCount: &zero})
+		noRNRRetries := &rdmacm.Dialer{ConnConfig: rdmacm.ConnConfig{RNRRetryCount: -1}}
+		client, err := noRNRRetries.Dial(ctx, addr)
 		require.NoError(t, err)
 		defer client.Close()
+		if !d.iwarp { // siw's query reports a connected QP as RESET; iWARP has no RNR
+			a, err := client.QP().Query(verbs.AttrRNRRetry)
+			require.NoError(t, err)
+			require.Zero(t, a.RNRRetry, "the dialer sends without RNR retries")
+		}
 		mr, err := client.RegisterMemory(64, verbs.AccessLocalWrite)
 		require.NoError(t, err)
 		copy(mr.Bytes(), "first")
@@ -54,14 +66,18 @@ func TestBeforeConnectPostsReceivesInTime(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, "first", string(serverMR.Bytes()[:wc.ByteLen]))
 
-		// The Path seen early does not stand in for the one once connected.
-		assert.Equal(t, -1, early.GIDIndex)
+		// The Route seen early does not stand in for the one once connected.
+		if early != nil {
+			assert.Equal(t, -1, early.GIDIndex)
+		} else {
+			t.Log("BeforeConnect's Setup has no Route: nothing read early to check")
+		}
 		want := verbs.KindIWARP
 		if !d.iwarp {
 			want = verbs.KindRoCE
-			assert.Equal(t, verbs.GIDTypeRoCEv2, server.Path().GIDType)
+			assert.Equal(t, verbs.GIDTypeRoCEv2, server.Route().GIDType)
 		}
-		assert.Equal(t, want, server.Path().Kind)
+		assert.Equal(t, want, server.Route().Kind)
 	})
 }
 
@@ -71,28 +87,24 @@ func TestBeforeConnectErrorAborts(t *testing.T) {
 	checkNoLeaks(t)
 	d := rxe(t)
 	refuse := errors.New("not today")
-	l, addr := listen(t, d, &rdmacm.Options{BeforeConnect: func(c *rdmacm.Conn) error {
-		if _, err := c.RegisterMemory(4096, verbs.AccessLocalWrite); err != nil {
+	register := func(s rdmacm.Setup) error {
+		if _, err := s.RegisterMemory(4096, verbs.AccessLocalWrite); err != nil {
 			return err
 		}
 		return refuse
-	}})
+	}
+	l, addr := listen(t, d, &rdmacm.ListenConfig{ConnConfig: rdmacm.ConnConfig{BeforeConnect: register}})
 	ctx := ctxFor(t, 20*time.Second)
 	acceptErr := make(chan error, 1)
 	go func() {
 		_, err := l.Accept(ctx)
 		acceptErr <- err
 	}()
-	_, err := rdmacm.Dial(ctx, addr, nil)
+	_, err := rdmacm.Dial(ctx, addr)
 	require.ErrorIs(t, err, rdmacm.ErrRejected)
 	require.ErrorIs(t, <-acceptErr, refuse)
 
-	_, err = rdmacm.Dial(ctx, addr, &rdmacm.Options{BeforeConnect: func(c *rdmacm.Conn) error {
-		if _, err := c.RegisterMemory(4096, verbs.AccessLocalWrite); err != nil {
-			return err
-		}
-		return refuse
-	}})
+	_, err = (&rdmacm.Dialer{ConnConfig: rdmacm.ConnConfig{BeforeConnect: register}}).Dial(ctx, addr)
 	require.ErrorIs(t, err, refuse)
 	assert.Contains(t, err.Error(), "set up before connecting")
 }
@@ -105,7 +117,7 @@ func TestTraceReportsEachStep(t *testing.T) {
 			checkNoLeaks(t)
 			var mu sync.Mutex
 			var steps []rdmacm.Step
-			l, addr := listen(t, rxe(t), &rdmacm.Options{Mode: mode})
+			l, addr := listen(t, rxe(t), &rdmacm.ListenConfig{ConnConfig: rdmacm.ConnConfig{Mode: mode}})
 			ctx := ctxFor(t, 20*time.Second)
 			go func() {
 				if c, err := l.Accept(ctx); err == nil {
@@ -113,13 +125,14 @@ func TestTraceReportsEachStep(t *testing.T) {
 					c.Close()
 				}
 			}()
-			c, err := rdmacm.Dial(ctx, addr, &rdmacm.Options{Mode: mode, Trace: func(s rdmacm.Step, start time.Time, d time.Duration) {
+			dl := &rdmacm.Dialer{ConnConfig: rdmacm.ConnConfig{Mode: mode, Trace: func(s rdmacm.Step, start time.Time, d time.Duration) {
 				mu.Lock()
 				defer mu.Unlock()
 				assert.False(t, start.IsZero())
 				assert.GreaterOrEqual(t, d, time.Duration(0))
 				steps = append(steps, s)
-			}})
+			}}}
+			c, err := dl.Dial(ctx, addr)
 			require.NoError(t, err)
 			require.NoError(t, c.Close())
 			want := []rdmacm.Step{rdmacm.StepCreateID, rdmacm.StepResolveAddr, rdmacm.StepResolveRoute, rdmacm.StepCreateQP,

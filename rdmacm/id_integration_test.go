@@ -253,7 +253,7 @@ func TestIDConnectWithoutListener(t *testing.T) {
 	})
 }
 
-// Dial reports each of its steps once through Options.Trace, and Disconnect
+// Dial reports each of its steps once through ConnConfig.Trace, and Disconnect
 // ends both sides without releasing anything.
 func TestDialTracesItsSteps(t *testing.T) {
 	forEachDevice(t, func(t *testing.T, d device) {
@@ -267,8 +267,8 @@ func TestDialTracesItsSteps(t *testing.T) {
 			accepted <- c
 		}()
 		var steps []rdmacm.Step
-		o := &rdmacm.Options{Trace: func(s rdmacm.Step, _ time.Time, _ time.Duration) { steps = append(steps, s) }}
-		client, err := rdmacm.Dial(ctx, addr, o)
+		dl := &rdmacm.Dialer{ConnConfig: rdmacm.ConnConfig{Trace: func(s rdmacm.Step, _ time.Time, _ time.Duration) { steps = append(steps, s) }}}
+		client, err := dl.Dial(ctx, addr)
 		require.NoError(t, err)
 		server := <-accepted
 		require.NotNil(t, server)
@@ -299,9 +299,9 @@ func TestDialTracesItsSteps(t *testing.T) {
 
 func TestDialBadInput(t *testing.T) {
 	ctx := ctxFor(t, 5*time.Second)
-	_, err := rdmacm.Dial(ctx, "nowhere", nil)
+	_, err := rdmacm.Dial(ctx, "nowhere")
 	assert.ErrorContains(t, err, "nowhere")
-	_, err = rdmacm.Dial(ctx, "10.0.0.1:1", &rdmacm.Options{PrivateData: make([]byte, 1000)})
+	_, err = (&rdmacm.Dialer{PrivateData: make([]byte, 1000)}).Dial(ctx, "10.0.0.1:1")
 	assert.ErrorIs(t, err, rdmacm.ErrPrivateDataTooLong)
 }
 

@@ -38,9 +38,9 @@ func threads(t *testing.T) int {
 // many dials failed, every failure of either side, and the peak OS thread count.
 func manyConnections(t *testing.T, d device, n int) (failed int, failures []error, peakThreads int) {
 	ctx := ctxFor(t, 120*time.Second)
-	opts := &rdmacm.Options{ConnectTimeout: 30 * time.Second, ResolveAddrTimeout: 10 * time.Second,
-		ResolveRouteTimeout: 10 * time.Second, Backlog: n, Cap: verbsCap(4)}
-	l, addr := listen(t, d, opts)
+	cfg := rdmacm.ConnConfig{ConnectTimeout: 30 * time.Second, Cap: verbsCap(4)}
+	dl := &rdmacm.Dialer{ConnConfig: cfg, ResolveAddrTimeout: 10 * time.Second, ResolveRouteTimeout: 10 * time.Second}
+	l, addr := listen(t, d, &rdmacm.ListenConfig{ConnConfig: cfg, Backlog: n})
 
 	var mu sync.Mutex
 	var servers []*rdmacm.Conn
@@ -87,7 +87,7 @@ func manyConnections(t *testing.T, d device, n int) (failed int, failures []erro
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			clients[i], errs[i] = rdmacm.Dial(ctx, addr, opts)
+			clients[i], errs[i] = dl.Dial(ctx, addr)
 		}()
 	}
 	wg.Wait()

@@ -26,7 +26,7 @@ func TestManualMode(t *testing.T) {
 	d := rxe(t)
 	var mu sync.Mutex
 	var seen []verbs.Transition
-	opts := &rdmacm.Options{
+	cfg := rdmacm.ConnConfig{
 		Mode: rdmacm.ModeManual,
 		BeforeModify: func(tr verbs.Transition, attr *verbs.QPAttr, mask *verbs.AttrMask) error {
 			mu.Lock()
@@ -38,11 +38,11 @@ func TestManualMode(t *testing.T) {
 			return nil
 		},
 	}
-	client, server := pair(t, d, opts)
+	client, server := pair(t, d, cfg)
 	exchange(t, client, server)
 	for _, c := range []*rdmacm.Conn{client, server} {
-		assert.Equal(t, rdmacm.ModeManual, c.Path().Mode)
-		a, err := c.QP.Query(verbs.AttrTimeout | verbs.AttrPathMTU)
+		assert.Equal(t, rdmacm.ModeManual, c.Route().Mode)
+		a, err := c.QP().Query(verbs.AttrTimeout | verbs.AttrPathMTU)
 		require.NoError(t, err)
 		assert.Equal(t, verbs.ACKTimeout(17), a.Timeout)
 		assert.Equal(t, verbs.MTU1024, a.PathMTU)
@@ -60,15 +60,15 @@ func TestManualMode(t *testing.T) {
 // The manual side negotiates the path MTU down to the smaller side's.
 func TestManualModeMTUIsTheSmallerSide(t *testing.T) {
 	checkNoLeaks(t)
-	opts := &rdmacm.Options{Mode: rdmacm.ModeManual, BeforeModify: func(tr verbs.Transition, attr *verbs.QPAttr, mask *verbs.AttrMask) error {
+	cfg := rdmacm.ConnConfig{Mode: rdmacm.ModeManual, BeforeModify: func(tr verbs.Transition, attr *verbs.QPAttr, mask *verbs.AttrMask) error {
 		if *mask&verbs.AttrPathMTU != 0 && attr.PathMTU > verbs.MTU1024 {
 			return fmt.Errorf("path MTU %v above the active MTU", attr.PathMTU)
 		}
 		return nil
 	}}
-	client, server := pair(t, rxe(t), opts)
-	assert.Equal(t, verbs.MTU1024, client.Path().MTU)
-	assert.Equal(t, verbs.MTU1024, server.Path().MTU)
+	client, server := pair(t, rxe(t), cfg)
+	assert.Equal(t, verbs.MTU1024, client.Route().MTU)
+	assert.Equal(t, verbs.MTU1024, server.Route().MTU)
 }
 
 func TestManualHookErrorAbortsCleanly(t *testing.T) {
@@ -81,13 +81,14 @@ func TestManualHookErrorAbortsCleanly(t *testing.T) {
 			c.Close()
 		}
 	}()
-	refuse := &rdmacm.Options{Mode: rdmacm.ModeManual, BeforeModify: func(tr verbs.Transition, _ *verbs.QPAttr, _ *verbs.AttrMask) error {
-		if tr.To == verbs.QPStateRTR {
-			return fmt.Errorf("policy says no")
-		}
-		return nil
-	}}
-	_, err := rdmacm.Dial(ctx, addr, refuse)
+	refuse := &rdmacm.Dialer{ConnConfig: rdmacm.ConnConfig{Mode: rdmacm.ModeManual,
+		BeforeModify: func(tr verbs.Transition, _ *verbs.QPAttr, _ *verbs.AttrMask) error {
+			if tr.To == verbs.QPStateRTR {
+				return fmt.Errorf("policy says no")
+			}
+			return nil
+		}}}
+	_, err := refuse.Dial(ctx, addr)
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "policy says no")
 	assert.Contains(t, err.Error(), "INIT→RTR")
@@ -99,15 +100,16 @@ func TestManualModeRefusedOnIWARP(t *testing.T) {
 	ctx := ctxFor(t, 20*time.Second)
 	_, addr := listen(t, d, nil)
 	start := time.Now()
-	_, err := rdmacm.Dial(ctx, addr, &rdmacm.Options{Mode: rdmacm.ModeManual})
-	require.ErrorIs(t, err, rdmacm.ErrManualOnIWARP)
+	manual := rdmacm.ConnConfig{Mode: rdmacm.ModeManual}
+	_, err := (&rdmacm.Dialer{ConnConfig: manual}).Dial(ctx, addr)
+	require.ErrorIs(t, err, verbs.ErrIWARPManual)
 	assert.Contains(t, err.Error(), "siw0")
 	assert.Contains(t, err.Error(), "use ModeCM")
 	assert.Less(t, time.Since(start), 2*time.Second, "refused, not hung")
 
 	// A listener bound to an iWARP device refuses the manual mode up front.
-	_, err = rdmacm.Listen(d.at(port()), &rdmacm.Options{Mode: rdmacm.ModeManual})
-	assert.ErrorIs(t, err, rdmacm.ErrManualOnIWARP)
+	_, err = (&rdmacm.ListenConfig{ConnConfig: manual}).Listen(ctx, d.at(port()))
+	assert.ErrorIs(t, err, verbs.ErrIWARPManual)
 }
 
 // UD over the UDP port space: the dialer learns the peer's QPN and qkey and
@@ -118,15 +120,17 @@ func TestUD(t *testing.T) {
 		t.Run(mode.String(), func(t *testing.T) {
 			checkNoLeaks(t)
 			ctx := ctxFor(t, 20*time.Second)
-			opts := &rdmacm.Options{QPType: verbs.QPTypeUD, Mode: mode, PrivateData: []byte("ud hello")}
-			client, server := pair(t, rxe(t), opts)
-			assert.Equal(t, []byte("ud hello"), server.PeerPrivateData())
+			cfg := rdmacm.ConnConfig{Mode: mode}
+			hello := []byte("ud hello")
+			client, server := udPair(t, rxe(t), &rdmacm.Dialer{ConnConfig: cfg, PrivateData: hello},
+				&rdmacm.ListenConfig{ConnConfig: cfg, PrivateData: hello})
+			assert.Equal(t, hello, server.PeerPrivateData())
 			peer := client.Peer()
-			assert.Equal(t, server.QP.QPN, peer.QPN)
+			assert.Equal(t, server.QP().QPN, peer.QPN)
 			assert.Equal(t, uint32(0x01234567), peer.QKey, "the kernel CM's qkey for RDMA_PS_UDP")
-			assert.Contains(t, client.Path().String(), "(RoCE v2, "+mode.String()+"), GID index",
+			assert.Contains(t, client.Route().String(), "(RoCE v2, "+mode.String()+"), GID index",
 				"the dialer's GID index comes with the peer's address")
-			assert.Contains(t, server.Path().String(), "(RoCE, "+mode.String()+")",
+			assert.Contains(t, server.Route().String(), "(RoCE, "+mode.String()+")",
 				"the accepting side addresses each reply anew: no one GID index")
 
 			cmr, err := client.RegisterMemory(8192, access)
@@ -141,7 +145,7 @@ func TestUD(t *testing.T) {
 			require.NoError(t, err)
 			assert.Equal(t, uint32(verbs.GRHSize+12), wc.ByteLen)
 			assert.Equal(t, "ping over UD", string(smr.Bytes()[verbs.GRHSize:verbs.GRHSize+12]))
-			assert.Equal(t, client.QP.QPN, wc.SrcQP)
+			assert.Equal(t, client.QP().QPN, wc.SrcQP)
 
 			back, err := server.ReplyTo(wc, smr, 0)
 			require.NoError(t, err)
@@ -157,10 +161,10 @@ func TestUD(t *testing.T) {
 func TestUDRefusedOnIWARP(t *testing.T) {
 	checkNoLeaks(t)
 	d := siw(t)
-	_, err := rdmacm.Listen(d.at(port()), &rdmacm.Options{QPType: verbs.QPTypeUD})
+	_, err := rdmacm.ListenUD(d.at(port()))
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "no UD")
-	_, err = rdmacm.Dial(ctxFor(t, 10*time.Second), d.at(port()), &rdmacm.Options{QPType: verbs.QPTypeUD})
+	_, err = rdmacm.DialUD(ctxFor(t, 10*time.Second), d.at(port()))
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "no UD")
 }
@@ -170,14 +174,15 @@ func TestMulticast(t *testing.T) {
 	ctx := ctxFor(t, 20*time.Second)
 	d := rxe(t)
 	group := mustAddr("239.1.2.3")
-	opts := &rdmacm.Options{Source: mustAddr(d.addr)}
-	a, err := rdmacm.JoinMulticast(ctx, group, opts)
+	dl := &rdmacm.Dialer{Source: mustAddr(d.addr)}
+	a, err := dl.JoinMulticast(ctx, group)
 	require.NoError(t, err)
 	defer a.Close()
-	b, err := rdmacm.JoinMulticast(ctx, group, opts)
+	b, err := dl.JoinMulticast(ctx, group)
 	require.NoError(t, err)
 	defer b.Close()
-	assert.Equal(t, d.name, a.Path().Device)
+	assert.Equal(t, d.name, a.Route().Device)
+	assert.Equal(t, group, a.Group())
 
 	amr, err := a.RegisterMemory(4096, access)
 	require.NoError(t, err)
@@ -185,13 +190,13 @@ func TestMulticast(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, b.PostRecv(bmr, 0, verbs.GRHSize+256))
 	copy(amr.Bytes(), "to everyone")
-	require.NoError(t, a.SendTo(ctx, amr, 0, 11, a.Peer()))
+	require.NoError(t, a.Send(ctx, amr, 0, 11))
 	wc, err := b.Recv(ctx)
 	require.NoError(t, err)
 	assert.Equal(t, "to everyone", string(bmr.Bytes()[verbs.GRHSize:verbs.GRHSize+11]))
-	assert.Equal(t, a.QP.QPN, wc.SrcQP)
+	assert.Equal(t, a.QP().QPN, wc.SrcQP)
 
-	_, err = rdmacm.JoinMulticast(ctx, mustAddr("10.1.1.1"), opts)
+	_, err = dl.JoinMulticast(ctx, mustAddr("10.1.1.1"))
 	assert.ErrorContains(t, err, "not a multicast address")
 }
 
@@ -227,15 +232,15 @@ func TestPeerKilled(t *testing.T) {
 		_, err = c.Recv(ctx)
 		require.Error(t, err, "the posted receive flushes")
 		assert.ErrorIs(t, err, rdmacm.ErrDisconnected)
-		var ce *rdmacm.CompletionError
+		var ce *verbs.CompletionError
 		require.ErrorAs(t, err, &ce)
-		assert.Equal(t, verbs.WCWRFlushErr, ce.Status)
+		assert.Equal(t, verbs.WCWRFlushErr, ce.WC.Status)
 	})
 }
 
 // peerMain is the killed peer of TestPeerKilled: it dials and waits.
 func peerMain(addr string) {
-	c, err := rdmacm.Dial(context.Background(), addr, nil)
+	c, err := rdmacm.Dial(context.Background(), addr)
 	if err != nil {
 		fmt.Println("dial:", err)
 		os.Exit(1)
@@ -250,16 +255,16 @@ var _ = bytes.Equal
 // peer's RDMA READ otherwise fails with REM_INV_REQ_ERR).
 func TestManualModeDialerIsReadable(t *testing.T) {
 	checkNoLeaks(t)
-	client, server := pair(t, rxe(t), &rdmacm.Options{Mode: rdmacm.ModeManual})
+	client, server := pair(t, rxe(t), rdmacm.ConnConfig{Mode: rdmacm.ModeManual})
 	ctx := ctxFor(t, 20*time.Second)
 	cmr, err := client.RegisterMemory(4096, access)
 	require.NoError(t, err)
 	smr, err := server.RegisterMemory(4096, access)
 	require.NoError(t, err)
 	copy(cmr.Bytes(), "read me")
-	require.NoError(t, server.Read(ctx, smr, 0, 7, rdmacm.RemoteBufferOf(cmr, 0, 7)))
+	require.NoError(t, server.RDMARead(ctx, smr, 0, 7, rdmacm.RemoteBufferOf(cmr, 0, 7)))
 	assert.Equal(t, "read me", string(smr.Bytes()[:7]))
-	a, err := client.QP.Query(verbs.AttrAccessFlags)
+	a, err := client.QP().Query(verbs.AttrAccessFlags)
 	require.NoError(t, err)
 	assert.NotZero(t, a.AccessFlags&verbs.AccessRemoteRead, "access flags %v", a.AccessFlags)
 }

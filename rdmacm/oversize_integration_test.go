@@ -20,7 +20,7 @@ import (
 func TestOversizeMessageSaysWhy(t *testing.T) {
 	forEachDevice(t, func(t *testing.T, d device) {
 		checkNoLeaks(t)
-		client, server := pair(t, d, nil)
+		client, server := pair(t, d, rdmacm.ConnConfig{})
 		ctx := ctxFor(t, 20*time.Second)
 		smr, err := server.RegisterMemory(4096, access)
 		require.NoError(t, err)
@@ -32,9 +32,9 @@ func TestOversizeMessageSaysWhy(t *testing.T) {
 		require.Error(t, recvErr)
 		t.Logf("sender: %v", sendErr)
 		t.Logf("receiver: %v", recvErr)
-		var ce *rdmacm.CompletionError
+		var ce *verbs.CompletionError
 		require.ErrorAs(t, recvErr, &ce)
-		assert.Contains(t, recvErr.Error(), "longer than", "%v", ce.Status)
+		assert.Contains(t, recvErr.Error(), "longer than", "%v", ce.WC.Status)
 		assert.Contains(t, recvErr.Error(), "PostRecv's n")
 		assert.NotErrorIs(t, recvErr, rdmacm.ErrEnded, "the receive's own failure (siw ends the connection for it) is not the end's")
 		if !d.iwarp {
@@ -51,11 +51,11 @@ func TestOversizeMessageSaysWhy(t *testing.T) {
 func TestReceiveWithoutLocalWriteSaysWhy(t *testing.T) {
 	forEachDevice(t, func(t *testing.T, d device) {
 		checkNoLeaks(t)
-		client, server := pair(t, d, nil)
+		client, server := pair(t, d, rdmacm.ConnConfig{})
 		ctx := ctxFor(t, 20*time.Second)
 		readOnly, err := server.RegisterMemory(4096, verbs.AccessRemoteRead)
 		require.NoError(t, err)
-		require.NoError(t, server.QP.PostRecv(verbs.RecvWR{ID: 7, SGEs: []verbs.SGE{readOnly.SGE(0, 1024)}}))
+		require.NoError(t, server.QP().PostRecv(verbs.RecvWR{ID: 7, SGEs: []verbs.SGE{readOnly.SGE(0, 1024)}}))
 		cmr, err := client.RegisterMemory(4096, access)
 		require.NoError(t, err)
 		sendErr := client.Send(ctx, cmr, 0, 64)

@@ -160,8 +160,7 @@ func runPeer(spec string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	// Short reliability timers: the survivor must give up in seconds.
-	var retries uint8 = 3
-	opts := &rdmacm.Options{Mode: mode, ACKTimeout: 14, RetryCount: &retries, ConnectTimeout: 10 * time.Second}
+	cfg := rdmacm.ConnConfig{Mode: mode, ACKTimeout: 14, RetryCount: 3, ConnectTimeout: 10 * time.Second}
 	switch role {
 	case "server", "sink":
 		// The receives go up before the accept: the client sends the
@@ -172,18 +171,19 @@ func runPeer(spec string) error {
 		if role == "sink" {
 			posts, size = 8, 4096 // the stream's message size
 		}
-		opts.BeforeConnect = func(c *rdmacm.Conn) (err error) {
-			if mr, err = c.RegisterMemory(1<<16, access); err != nil {
+		cfg.BeforeConnect = func(s rdmacm.Setup) (err error) {
+			if mr, err = s.RegisterMemory(1<<16, access); err != nil {
 				return err
 			}
 			for i := 0; i < posts; i++ {
-				if err := c.PostRecv(mr, i*4096, size); err != nil {
+				if err := s.PostRecv(mr, i*4096, size); err != nil {
 					return err
 				}
 			}
 			return nil
 		}
-		l, err := rdmacm.Listen(addr, opts)
+		lc := &rdmacm.ListenConfig{ConnConfig: cfg}
+		l, err := lc.Listen(ctx, addr)
 		if err != nil {
 			return err
 		}
@@ -193,17 +193,17 @@ func runPeer(spec string) error {
 			return err
 		}
 		defer c.Close()
-		fmt.Println("server: connected", c.Path())
+		fmt.Println("server: connected", c.Route())
 		if role == "sink" {
 			return sink(ctx, c, mr)
 		}
 		return serve(ctx, c, mr)
 	case "client", "stream":
-		c, err := rdmacm.Dial(ctx, addr, opts)
+		c, err := (&rdmacm.Dialer{ConnConfig: cfg}).Dial(ctx, addr)
 		if err != nil {
 			return err
 		}
-		fmt.Println("client: connected", c.Path())
+		fmt.Println("client: connected", c.Route())
 		if role == "stream" {
 			return stream(ctx, c)
 		}
@@ -235,10 +235,10 @@ func talk(ctx context.Context, c *rdmacm.Conn) error {
 	}
 	pattern := bytes.Repeat([]byte{0x5a, 0xa5, 0x3c}, 4000)[:8192]
 	copy(mr.Bytes()[8192:], pattern)
-	if err := c.Write(ctx, mr, 8192, 8192, remote); err != nil {
+	if err := c.RDMAWrite(ctx, mr, 8192, 8192, remote); err != nil {
 		return err
 	}
-	if err := c.Read(ctx, mr, 32768, 8192, remote); err != nil {
+	if err := c.RDMARead(ctx, mr, 32768, 8192, remote); err != nil {
 		return err
 	}
 	if !bytes.Equal(mr.Bytes()[32768:32768+8192], pattern) {
@@ -249,7 +249,7 @@ func talk(ctx context.Context, c *rdmacm.Conn) error {
 	if err := c.Send(ctx, mr, 4096, 4); err != nil {
 		return err
 	}
-	fmt.Println("client: ok, path", c.Path())
+	fmt.Println("client: ok, path", c.Route())
 	return nil
 }
 
@@ -275,7 +275,7 @@ func serve(ctx context.Context, c *rdmacm.Conn, mr *verbs.MR) error {
 	if !bytes.Equal(mr.Bytes()[16384:16384+8192], pattern) {
 		return errors.New("the client's RDMA WRITE did not land")
 	}
-	fmt.Println("server: ok, path", c.Path())
+	fmt.Println("server: ok, path", c.Route())
 	return nil
 }
 
@@ -315,8 +315,8 @@ func stream(ctx context.Context, c *rdmacm.Conn) error {
 	if errors.Is(sendErr, context.DeadlineExceeded) {
 		return fmt.Errorf("the send hung instead of failing: %w", sendErr)
 	}
-	var ce *rdmacm.CompletionError
-	if !errors.As(sendErr, &ce) || (ce.Status != verbs.WCRetryExcErr && ce.Status != verbs.WCWRFlushErr) {
+	var ce *verbs.CompletionError
+	if !errors.As(sendErr, &ce) || (ce.WC.Status != verbs.WCRetryExcErr && ce.WC.Status != verbs.WCWRFlushErr) {
 		return fmt.Errorf("want a retry-exceeded or flush completion, got %v", sendErr)
 	}
 	closeStart := time.Now()

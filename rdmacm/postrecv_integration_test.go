@@ -21,7 +21,7 @@ import (
 func TestPostRecvRefusesWhatWouldFailLater(t *testing.T) {
 	forEachDevice(t, func(t *testing.T, d device) {
 		checkNoLeaks(t)
-		client, server := pair(t, d, nil)
+		client, server := pair(t, d, rdmacm.ConnConfig{})
 		readOnly, err := server.RegisterMemory(4096, verbs.AccessRemoteRead)
 		require.NoError(t, err)
 		err = server.PostRecv(readOnly, 0, 64)
@@ -29,7 +29,7 @@ func TestPostRecvRefusesWhatWouldFailLater(t *testing.T) {
 		assert.Contains(t, err.Error(), "AccessLocalWrite")
 		assert.Contains(t, err.Error(), "post receive")
 		t.Log(err)
-		err = server.Read(ctxFor(t, 10*time.Second), readOnly, 0, 64, rdmacm.RemoteBufferOf(readOnly, 0, 64))
+		err = server.RDMARead(ctxFor(t, 10*time.Second), readOnly, 0, 64, rdmacm.RemoteBufferOf(readOnly, 0, 64))
 		require.Error(t, err, "an RDMA READ into memory without local write access")
 		assert.Contains(t, err.Error(), "AccessLocalWrite")
 
@@ -57,7 +57,7 @@ func TestPostRecvRefusesWhatWouldFailLater(t *testing.T) {
 func TestPostRecvOnAFullQueueSaysSo(t *testing.T) {
 	forEachDevice(t, func(t *testing.T, d device) {
 		checkNoLeaks(t)
-		_, server := pair(t, d, nil)
+		_, server := pair(t, d, rdmacm.ConnConfig{})
 		mr, err := server.RegisterMemory(4096, access)
 		require.NoError(t, err)
 		posted := 0
@@ -67,10 +67,10 @@ func TestPostRecvOnAFullQueueSaysSo(t *testing.T) {
 			}
 		}
 		require.Error(t, err, "256 receives fit a queue of 16")
-		assert.GreaterOrEqual(t, posted, 16, "Options.Cap.MaxRecvWR's default")
+		assert.GreaterOrEqual(t, posted, 16, "ConnConfig.Cap.MaxRecvWR's default")
 		t.Logf("after %d receives: %v", posted, err)
 		assert.ErrorIs(t, err, syscall.ENOMEM)
-		for _, want := range []string{"receive queue is full", "Options.Cap.MaxRecvWR", "16 here", d.name} {
+		for _, want := range []string{"receive queue is full", "ConnConfig.Cap.MaxRecvWR", "16 here", d.name} {
 			assert.Contains(t, err.Error(), want)
 		}
 		assert.NotContains(t, err.Error(), "errno -12")
@@ -82,7 +82,7 @@ func TestPostRecvOnAFullQueueSaysSo(t *testing.T) {
 func TestRecvCompletionNamesItsBuffer(t *testing.T) {
 	forEachDevice(t, func(t *testing.T, d device) {
 		checkNoLeaks(t)
-		client, server := pair(t, d, nil)
+		client, server := pair(t, d, rdmacm.ConnConfig{})
 		ctx := ctxFor(t, 20*time.Second)
 		smr, err := server.RegisterMemory(8192, access)
 		require.NoError(t, err)

@@ -17,7 +17,6 @@ import (
 
 	"github.com/rdmago/rdmago/rdmacm"
 	"github.com/rdmago/rdmago/test/testbed"
-	"github.com/rdmago/rdmago/verbs"
 )
 
 // privateDataCase is a transport and port space of the test bed, with or
@@ -39,12 +38,105 @@ func (c privateDataCase) String() string {
 	return s + "/framed"
 }
 
-func (c privateDataCase) opts(data []byte) *rdmacm.Options {
-	o := &rdmacm.Options{RawPrivateData: c.raw, PrivateData: data, ConnectTimeout: 5 * time.Second}
-	if c.ud {
-		o.QPType = verbs.QPTypeUD
+func (c privateDataCase) config() rdmacm.ConnConfig {
+	return rdmacm.ConnConfig{RawPrivateData: c.raw, ConnectTimeout: 5 * time.Second}
+}
+
+// endpoint is what these tests use of a connection, RC or UD.
+type endpoint interface {
+	PeerPrivateData() []byte
+	Close() error
+}
+
+// request is a ConnRequest or a UDRequest.
+type request struct {
+	PrivateData []byte
+	accept      func(ctx context.Context, data []byte) (endpoint, error)
+	reject      func(data []byte) error
+}
+
+func (r *request) Accept(ctx context.Context, data []byte) (endpoint, error) {
+	return r.accept(ctx, data)
+}
+func (r *request) Reject(data []byte) error { return r.reject(data) }
+
+// anyListener is a Listener or a UDListener: what Request waits on.
+type anyListener interface {
+	next(ctx context.Context) (*request, error)
+}
+
+type rcListener struct{ *rdmacm.Listener }
+
+func (l rcListener) next(ctx context.Context) (*request, error) {
+	r, err := l.Request(ctx)
+	if err != nil {
+		return nil, err
 	}
-	return o
+	return &request{PrivateData: r.PrivateData, reject: r.Reject, accept: func(ctx context.Context, data []byte) (endpoint, error) {
+		c, err := r.Accept(ctx, data)
+		if err != nil {
+			return nil, err
+		}
+		return c, nil
+	}}, nil
+}
+
+type udListener struct{ *rdmacm.UDListener }
+
+func (l udListener) next(ctx context.Context) (*request, error) {
+	r, err := l.Request(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &request{PrivateData: r.PrivateData, reject: r.Reject, accept: func(ctx context.Context, data []byte) (endpoint, error) {
+		c, err := r.Accept(ctx, data)
+		if err != nil {
+			return nil, err
+		}
+		return c, nil
+	}}, nil
+}
+
+// listen listens on a fresh port of c's device, RC or UD, until the test
+// ends.
+func (c privateDataCase) listen(t *testing.T) (anyListener, string) {
+	t.Helper()
+	if !c.ud {
+		l, addr := listen(t, c.d, &rdmacm.ListenConfig{ConnConfig: c.config()})
+		return rcListener{l}, addr
+	}
+	addr := c.d.at(port())
+	l, err := (&rdmacm.ListenConfig{ConnConfig: c.config()}).ListenUD(context.Background(), addr)
+	require.NoError(t, err)
+	t.Cleanup(func() { l.Close() })
+	return udListener{l}, addr
+}
+
+// dial dials addr, RC or UD, with data as the Dialer's PrivateData.
+func (c privateDataCase) dial(ctx context.Context, addr string, data []byte) (endpoint, error) {
+	d := &rdmacm.Dialer{ConnConfig: c.config(), PrivateData: data}
+	if c.ud {
+		u, err := d.DialUD(ctx, addr)
+		if err != nil {
+			return nil, err // not a nil *UDConn in an endpoint
+		}
+		return u, nil
+	}
+	rc, err := d.Dial(ctx, addr)
+	if err != nil {
+		return nil, err
+	}
+	return rc, nil
+}
+
+// dialAsync is dial in the background.
+func (c privateDataCase) dialAsync(ctx context.Context, addr string, data []byte) <-chan dialed {
+	out := make(chan dialed, 1)
+	go func() {
+		e, err := c.dial(ctx, addr, data)
+		out <- dialed{e, err}
+	}()
+	return out
 }
 
 // wire is how many bytes of private data each message carries on the
@@ -144,11 +236,11 @@ func withoutWhy(pe rdmacm.PrivateDataError) rdmacm.PrivateDataError {
 }
 
 // requireNoRequest checks that no connect request reaches l for a while.
-func requireNoRequest(t *testing.T, l *rdmacm.Listener) {
+func requireNoRequest(t *testing.T, l anyListener) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
-	r, err := l.Request(ctx)
+	r, err := l.next(ctx)
 	if err == nil {
 		r.Reject(nil)
 		t.Fatalf("a request with %d bytes of private data reached the listener", len(r.PrivateData))
@@ -157,15 +249,20 @@ func requireNoRequest(t *testing.T, l *rdmacm.Listener) {
 }
 
 type dialed struct {
-	c   *rdmacm.Conn
+	c   endpoint // nil on failure
 	err error
 }
 
-func dialAsync(ctx context.Context, addr string, o *rdmacm.Options) <-chan dialed {
+// dialAsync dials an RC listener at addr with d in the background.
+func dialAsync(ctx context.Context, addr string, d *rdmacm.Dialer) <-chan dialed {
 	out := make(chan dialed, 1)
 	go func() {
-		c, err := rdmacm.Dial(ctx, addr, o)
-		out <- dialed{c, err}
+		c, err := d.Dial(ctx, addr)
+		if err != nil {
+			out <- dialed{nil, err}
+			return
+		}
+		out <- dialed{c, nil}
 	}()
 	return out
 }
@@ -178,7 +275,7 @@ func TestPrivateDataConnectLimit(t *testing.T) {
 		ctx := ctxFor(t, 30*time.Second)
 		wire, _, _ := c.wire()
 		limit := wire - c.header()
-		l, addr := listen(t, c.d, c.opts(nil))
+		l, addr := c.listen(t)
 
 		// Dial refuses at once what no transport's connect request carries
 		// (and PS_UDP's, which only InfiniBand and RoCE have), else once
@@ -190,13 +287,13 @@ func TestPrivateDataConnectLimit(t *testing.T) {
 		case limit+1 > rdmacm.MaxPrivateDataIWARP-c.header():
 			want = refusal{"dial", "", "any transport", "which one applies is known once the address is resolved"}
 		}
-		_, err := rdmacm.Dial(ctx, addr, c.opts(data(limit+1, 1)))
+		_, err := c.dial(ctx, addr, data(limit+1, 1))
 		requireTooLong(t, c, err, want, "connect", limit+1, limit)
 		requireNoRequest(t, l)
 
 		sent := data(limit, 2)
-		got := dialAsync(ctx, addr, c.opts(sent))
-		r, err := l.Request(ctx)
+		got := c.dialAsync(ctx, addr, sent)
+		r, err := l.next(ctx)
 		require.NoError(t, err)
 		assert.Equal(t, sent, r.PrivateData, "the request carries exactly what was sent")
 		s, err := r.Accept(ctx, nil)
@@ -218,9 +315,9 @@ func TestPrivateDataAcceptLimit(t *testing.T) {
 		ctx := ctxFor(t, 30*time.Second)
 		_, wire, _ := c.wire()
 		limit := wire - c.header()
-		l, addr := listen(t, c.d, c.opts(nil))
-		got := dialAsync(ctx, addr, c.opts(nil))
-		r, err := l.Request(ctx)
+		l, addr := c.listen(t)
+		got := c.dialAsync(ctx, addr, nil)
+		r, err := l.next(ctx)
 		require.NoError(t, err)
 
 		_, err = r.Accept(ctx, data(limit+1, 3))
@@ -247,9 +344,9 @@ func TestPrivateDataRejectLimit(t *testing.T) {
 		ctx := ctxFor(t, 30*time.Second)
 		_, _, wire := c.wire()
 		limit := wire - c.header()
-		l, addr := listen(t, c.d, c.opts(nil))
-		got := dialAsync(ctx, addr, c.opts(nil))
-		r, err := l.Request(ctx)
+		l, addr := c.listen(t)
+		got := c.dialAsync(ctx, addr, nil)
+		r, err := l.next(ctx)
 		require.NoError(t, err)
 
 		err = r.Reject(data(limit+1, 5))
@@ -282,7 +379,7 @@ func TestRefusedReplyLeavesTheRequestPending(t *testing.T) {
 		tooLong := data(rdmacm.MaxPrivateDataIWARP, 7) // fits no transport's reject or accept, header included
 
 		// A reply too long for a reject, then an accept.
-		got := dialAsync(ctx, addr, nil)
+		got := dialAsync(ctx, addr, &rdmacm.Dialer{})
 		r, err := l.Request(ctx)
 		require.NoError(t, err)
 		require.ErrorIs(t, r.Reject(tooLong), rdmacm.ErrPrivateDataTooLong)
@@ -296,7 +393,7 @@ func TestRefusedReplyLeavesTheRequestPending(t *testing.T) {
 
 		// An accept too long, then a reject; the request cannot be
 		// answered twice.
-		got = dialAsync(ctx, addr, nil)
+		got = dialAsync(ctx, addr, &rdmacm.Dialer{})
 		r, err = l.Request(ctx)
 		require.NoError(t, err)
 		_, err = r.Accept(ctx, tooLong)
@@ -312,7 +409,7 @@ func TestRefusedReplyLeavesTheRequestPending(t *testing.T) {
 	})
 }
 
-// Listener.Accept sends Options.PrivateData: too much for every transport
+// Listener.Accept sends ListenConfig.PrivateData: too much for every transport
 // is refused at Listen; too much for the request's transport rejects the
 // request (no one else would answer it) without data the application did
 // not send.
@@ -320,16 +417,16 @@ func TestListenerPrivateDataTooLong(t *testing.T) {
 	checkNoLeaks(t)
 	ctx := ctxFor(t, 30*time.Second)
 	d := rxe(t)
-	_, err := rdmacm.Listen(d.at(port()), &rdmacm.Options{PrivateData: data(rdmacm.MaxPrivateDataIWARP-3, 8)})
+	_, err := (&rdmacm.ListenConfig{PrivateData: data(rdmacm.MaxPrivateDataIWARP-3, 8)}).Listen(ctx, d.at(port()))
 	require.ErrorIs(t, err, rdmacm.ErrPrivateDataTooLong)
-	assert.Contains(t, err.Error(), "Options.PrivateData")
+	assert.Contains(t, err.Error(), "ListenConfig.PrivateData")
 
 	// On a wildcard address the transport is known request by request.
 	addr := fmt.Sprintf("0.0.0.0:%d", port())
-	l, err := rdmacm.Listen(addr, &rdmacm.Options{PrivateData: data(rdmacm.MaxAcceptDataTCP, 9)})
+	l, err := (&rdmacm.ListenConfig{PrivateData: data(rdmacm.MaxAcceptDataTCP, 9)}).Listen(ctx, addr)
 	require.NoError(t, err)
 	defer l.Close()
-	got := dialAsync(ctx, d.at(int(l.Addr().Port())), nil)
+	got := dialAsync(ctx, d.at(int(l.Addr().Port())), &rdmacm.Dialer{})
 	_, err = l.Accept(ctx)
 	c := privateDataCase{d: d}
 	requireTooLong(t, c, err, c.refusedAt("accept", "the request was rejected"), "accept", rdmacm.MaxAcceptDataTCP, rdmacm.MaxAcceptDataTCP-4)
@@ -351,7 +448,7 @@ func TestRejectsWithoutDataClaimNone(t *testing.T) {
 			t.Run(fmt.Sprintf("raw=%v", raw), func(t *testing.T) {
 				checkNoLeaks(t)
 				ctx := ctxFor(t, 30*time.Second)
-				opts := &rdmacm.Options{RawPrivateData: raw}
+				dl := &rdmacm.Dialer{ConnConfig: rdmacm.ConnConfig{RawPrivateData: raw}}
 				check := func(err error) {
 					t.Helper()
 					var rej *rdmacm.RejectedError
@@ -365,16 +462,16 @@ func TestRejectsWithoutDataClaimNone(t *testing.T) {
 						assert.Empty(t, rej.PrivateData)
 					}
 				}
-				_, err := rdmacm.Dial(ctx, d.at(port()), opts)
+				_, err := dl.Dial(ctx, d.at(port()))
 				check(err)
 
 				// A raw listener whose backlog is full refuses without data.
-				l, addr := listen(t, d, &rdmacm.Options{RawPrivateData: true, Backlog: 1})
-				first := dialAsync(ctx, addr, opts)
+				l, addr := listen(t, d, &rdmacm.ListenConfig{ConnConfig: rdmacm.ConnConfig{RawPrivateData: true}, Backlog: 1})
+				first := dialAsync(ctx, addr, dl)
 				r, err := l.Request(ctx) // the backlog is empty again...
 				require.NoError(t, err)
-				second := dialAsync(ctx, addr, opts)
-				third := dialAsync(ctx, addr, opts) // ...and one of these finds it full
+				second := dialAsync(ctx, addr, dl)
+				third := dialAsync(ctx, addr, dl) // ...and one of these finds it full
 				var refused error
 				select {
 				case res := <-second:
@@ -398,10 +495,10 @@ func TestRejectsWithoutDataClaimNone(t *testing.T) {
 }
 
 // rdmago's header is on by default and talking to C programs needs no
-// option: C ucmatose, which sends no private data and reads none, connects
+// setting: C ucmatose, which sends no private data and reads none, connects
 // both ways, and rdmago sees no data from it (on RoCE the IB CM's padding
 // used to show as 56 or 196 bytes).
-func TestDefaultOptionsTalkToCUcmatose(t *testing.T) {
+func TestZeroConfigTalksToCUcmatose(t *testing.T) {
 	forEachDevice(t, func(t *testing.T, d device) {
 		ucmatose := func(t *testing.T, ctx context.Context, args ...string) (wait func() string) {
 			cmd := exec.CommandContext(ctx, "ucmatose", append(args, "-C", "0", "-c", "1")...)
@@ -432,7 +529,7 @@ func TestDefaultOptionsTalkToCUcmatose(t *testing.T) {
 			ap := netip.MustParseAddrPort(d.at(port()))
 			wait := ucmatose(t, ctx, "-b", ap.Addr().String(), "-p", fmt.Sprint(ap.Port()))
 			require.NoError(t, testbed.WaitListening(ctx, ap))
-			c, err := rdmacm.Dial(ctx, ap.String(), &rdmacm.Options{PrivateData: []byte("hello")})
+			c, err := (&rdmacm.Dialer{PrivateData: []byte("hello")}).Dial(ctx, ap.String())
 			require.NoError(t, err)
 			assert.Empty(t, c.PeerPrivateData(), "ucmatose accepts without data")
 			require.NoError(t, c.Close())

@@ -50,13 +50,28 @@ func (k kernelCase) addr(t *testing.T) string {
 	return fmt.Sprintf("%s:%d", testbed.Require(t).MustDevice(t, k.dev).IPv4, kernelPort)
 }
 
-// opts are raw: the kernel sees exactly the bytes given.
-func (k kernelCase) opts() *Options {
-	o := &Options{RawPrivateData: true, ConnectTimeout: 5 * time.Second}
+// config is raw: the kernel sees exactly the bytes given.
+func (k kernelCase) config() ConnConfig {
+	return ConnConfig{RawPrivateData: true, ConnectTimeout: 5 * time.Second}
+}
+
+// qpType is the QP type of the case's port space: Dial or DialUD, Listen
+// or ListenUD.
+func (k kernelCase) qpType() verbs.QPType {
 	if k.ps == PortSpaceUDP {
-		o.QPType = verbs.QPTypeUD
+		return verbs.QPTypeUD
 	}
-	return o
+	return verbs.QPTypeRC
+}
+
+// listen listens at addr, RC or UD, until the test ends.
+func (k kernelCase) listen(t *testing.T, addr string) *listener {
+	t.Helper()
+	lc := &ListenConfig{ConnConfig: k.config()}
+	l, err := lc.listen(context.Background(), k.qpType(), addr)
+	require.NoError(t, err)
+	t.Cleanup(func() { l.Close() })
+	return l
 }
 
 // rejectStatus is what a dialer's reject says on this transport.
@@ -80,15 +95,16 @@ func pattern(n int, seed byte) []byte {
 }
 
 type dialResult struct {
-	c   *Conn
+	c   *conn
 	err error
 }
 
-// dialing dials addr in the background until the test ends.
-func dialing(ctx context.Context, addr string, o *Options) <-chan dialResult {
+// dialing dials addr, RC or UD, in the background until the test ends.
+func (k kernelCase) dialing(ctx context.Context, addr string) <-chan dialResult {
 	out := make(chan dialResult, 1)
 	go func() {
-		c, err := Dial(ctx, addr, o)
+		d := &Dialer{ConnConfig: k.config()}
+		c, err := d.dial(ctx, k.qpType(), addr)
 		out <- dialResult{c, err}
 	}()
 	return out
@@ -102,13 +118,11 @@ func (r dialResult) close() {
 
 // listenRequest listens on a fresh address, dials it and returns the
 // request and what the dialer will get.
-func (k kernelCase) listenRequest(t *testing.T, ctx context.Context) (*Listener, *ConnRequest, <-chan dialResult) {
+func (k kernelCase) listenRequest(t *testing.T, ctx context.Context) (*listener, *request, <-chan dialResult) {
 	addr := k.addr(t)
-	l, err := Listen(addr, k.opts())
-	require.NoError(t, err)
-	t.Cleanup(func() { l.Close() })
-	dialed := dialing(ctx, addr, k.opts())
-	r, err := l.Request(ctx)
+	l := k.listen(t, addr)
+	dialed := k.dialing(ctx, addr)
+	r, err := l.next(ctx)
 	require.NoError(t, err)
 	return l, r, dialed
 }
@@ -170,11 +184,11 @@ func TestKernelRejectLimit(t *testing.T) {
 	})
 }
 
-// accept is ConnRequest.Accept without its check of the data.
-func kernelAccept(ctx context.Context, r *ConnRequest, data []byte) (*Conn, error) {
+// kernelAccept is ConnRequest.Accept without its check of the data.
+func kernelAccept(ctx context.Context, r *request, data []byte) (*conn, error) {
 	r.claim()
 	o := r.l.opts
-	e := &endpoint{op: "accept", o: &o, id: r.id, local: r.Local, remote: r.Remote}
+	e := &endpoint{op: "accept", o: &o, id: r.id, local: r.local, remote: r.remote}
 	c, err := e.accept(ctx, r, data)
 	if err != nil {
 		e.abort()
@@ -207,7 +221,7 @@ func TestKernelAcceptLimit(t *testing.T) {
 		res := <-dialed
 		require.NoError(t, res.err)
 		defer res.close()
-		assert.Equal(t, at, res.c.PeerPrivateData())
+		assert.Equal(t, at, res.c.peerData)
 	})
 }
 
@@ -217,11 +231,11 @@ func TestKernelConnectLimit(t *testing.T) {
 		limit, _ := wireLimit(k.cm, k.ps, msgConnect)
 		for _, n := range []int{limit + 1, limit} {
 			addr := k.addr(t)
-			l, err := Listen(addr, k.opts())
-			require.NoError(t, err)
-			defer l.Close()
+			l := k.listen(t, addr)
 			data := pattern(n, 7)
-			c, err := newConnector(addr, k.opts())
+			o, err := (&Dialer{ConnConfig: k.config()}).settings(k.qpType())
+			require.NoError(t, err)
+			c, err := newConnector(addr, &o)
 			require.NoError(t, err)
 			defer c.Close()
 			require.NoError(t, c.ResolveAddr(ctx))
@@ -247,10 +261,10 @@ func TestKernelConnectLimit(t *testing.T) {
 				requireNoRequest(t, l, 100*time.Millisecond)
 				continue
 			}
-			r, err := l.Request(ctx)
+			r, err := l.next(ctx)
 			require.NoError(t, err)
-			assert.Equal(t, data, r.PrivateData, "the request carries exactly what was sent")
-			require.NoError(t, r.Reject(nil))
+			assert.Equal(t, data, r.data, "the request carries exactly what was sent")
+			require.NoError(t, r.reject(nil))
 			_, err = c.e.answer(ctx)
 			assert.ErrorIs(t, err, ErrRejected)
 		}
@@ -258,14 +272,14 @@ func TestKernelConnectLimit(t *testing.T) {
 }
 
 // requireNoRequest checks that no request reaches l within d.
-func requireNoRequest(t *testing.T, l *Listener, d time.Duration) {
+func requireNoRequest(t *testing.T, l *listener, d time.Duration) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
-	r, err := l.Request(ctx)
+	r, err := l.next(ctx)
 	if err == nil {
-		r.Reject(nil)
-		t.Fatalf("a request with %d bytes of private data reached the listener", len(r.PrivateData))
+		r.reject(nil)
+		t.Fatalf("a request with %d bytes of private data reached the listener", len(r.data))
 	}
 	require.True(t, errors.Is(err, context.DeadlineExceeded), "%v", err)
 }

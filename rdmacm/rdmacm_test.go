@@ -382,9 +382,9 @@ func TestOpErrorNamesItsConnectionOnce(t *testing.T) {
 	conn := &OpError{Op: "connection", Local: local, Remote: remote, Device: "rxe0", Port: 1, QPN: 0x11,
 		Kind: ErrDisconnected, Event: "DISCONNECTED", Hint: "the peer went away"}
 	recv := &OpError{Op: "receive", Local: local, Remote: remote, Device: "rxe0", Port: 1, QPN: 0x11,
-		Kind: conn, Err: &CompletionError{Status: verbs.WCWRFlushErr}}
+		Kind: conn, Err: &verbs.CompletionError{WC: verbs.WorkCompletion{ID: 7, QPN: 0x11, Status: verbs.WCWRFlushErr}}}
 	assert.Equal(t, "rdmacm: receive 10.0.0.2:40000 -> 10.0.0.1:7471 (device rxe0, port 1, QP 0x11): "+
-		"disconnected [event DISCONNECTED, status 0]: completion status WR_FLUSH_ERR (vendor error 0x0): "+
+		"disconnected [event DISCONNECTED, status 0]: verbs: work request 7 on QP 0x11 completed with WR_FLUSH_ERR (vendor error 0x0): "+
 		verbs.WCWRFlushErr.Hint()+"; the peer went away", recv.Error())
 	assert.Equal(t, 1, strings.Count(recv.Error(), "rdmacm:"))
 	assert.ErrorIs(t, recv, ErrDisconnected)

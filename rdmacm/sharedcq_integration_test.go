@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/rdmago/rdmago/oob"
 	"github.com/rdmago/rdmago/rdmacm"
 	"github.com/rdmago/rdmago/verbs"
 )
@@ -48,12 +49,12 @@ func TestSharedCQ(t *testing.T) {
 		checkNoLeaks(t)
 		cq := ownCQ(t, d.name, 64)
 		pd := ownPD(t, d.name)
-		opts := &rdmacm.Options{PD: pd, SendCQ: cq, RecvCQ: cq}
-		c1, s1 := pair(t, d, opts)
-		c2, s2 := pair(t, d, opts)
+		cfg := rdmacm.ConnConfig{PD: pd, SendCQ: cq, RecvCQ: cq}
+		c1, s1 := pair(t, d, cfg)
+		c2, s2 := pair(t, d, cfg)
 		for _, c := range []*rdmacm.Conn{c1, s1, c2, s2} {
-			assert.Same(t, cq, c.SendCQ)
-			assert.Same(t, cq, c.RecvCQ)
+			assert.Same(t, cq, c.SendCQ())
+			assert.Same(t, cq, c.RecvCQ())
 		}
 
 		ctx := ctxFor(t, 20*time.Second)
@@ -69,11 +70,11 @@ func TestSharedCQ(t *testing.T) {
 			for i, p := range pairs {
 				client, server := p[0], p[1]
 				n := 16 * (i + 1)
-				require.NoError(t, server.QP.PostRecv(verbs.RecvWR{ID: uint64(100 + i), SGEs: []verbs.SGE{mr.SGE(1024*(i+1), 64)}}))
-				require.NoError(t, client.QP.PostSend(verbs.SendWR{ID: uint64(200 + i), Opcode: verbs.OpSend,
+				require.NoError(t, server.QP().PostRecv(verbs.RecvWR{ID: uint64(100 + i), SGEs: []verbs.SGE{mr.SGE(1024*(i+1), 64)}}))
+				require.NoError(t, client.QP().PostSend(verbs.SendWR{ID: uint64(200 + i), Opcode: verbs.OpSend,
 					Flags: verbs.SendSignaled, SGEs: []verbs.SGE{mr.SGE(0, n)}}))
-				want[server.QP.QPN] = verbs.WorkCompletion{ID: uint64(100 + i), Opcode: verbs.WCRecv, ByteLen: uint32(n)}
-				want[client.QP.QPN] = verbs.WorkCompletion{ID: uint64(200 + i), Opcode: verbs.WCSend}
+				want[server.QP().QPN] = verbs.WorkCompletion{ID: uint64(100 + i), Opcode: verbs.WCRecv, ByteLen: uint32(n)}
+				want[client.QP().QPN] = verbs.WorkCompletion{ID: uint64(200 + i), Opcode: verbs.WCSend}
 			}
 			for _, wc := range pollN(t, ctx, cq, 2*len(pairs)) {
 				require.Equal(t, verbs.WCSuccess, wc.Status, "QP %#x", wc.QPN)
@@ -91,17 +92,17 @@ func TestSharedCQ(t *testing.T) {
 		exchangeOn([2]*rdmacm.Conn{c1, s1}, [2]*rdmacm.Conn{c2, s2})
 
 		// The helpers refuse, before posting anything.
-		for _, err := range []error{c1.Send(ctx, mr, 0, 8), c1.Write(ctx, mr, 0, 8, rdmacm.RemoteBufferOf(mr, 0, 8))} {
+		for _, err := range []error{c1.Send(ctx, mr, 0, 8), c1.RDMAWrite(ctx, mr, 0, 8, rdmacm.RemoteBufferOf(mr, 0, 8))} {
 			require.ErrorIs(t, err, rdmacm.ErrSharedCQ)
 			var oe *rdmacm.OpError
 			require.ErrorAs(t, err, &oe)
-			assert.Equal(t, c1.QP.QPN, oe.QPN)
-			assert.Contains(t, oe.Error(), "Options.SendCQ")
+			assert.Equal(t, c1.QP().QPN, oe.QPN)
+			assert.Contains(t, oe.Error(), "ConnConfig.SendCQ")
 			assert.Contains(t, oe.Hint, "WorkCompletion.QPN")
 		}
 		_, err = s1.Recv(ctx)
 		require.ErrorIs(t, err, rdmacm.ErrSharedCQ)
-		assert.Contains(t, err.Error(), "Options.RecvCQ")
+		assert.Contains(t, err.Error(), "ConnConfig.RecvCQ")
 
 		// Closing one connection, both ends, leaves the CQ to the other.
 		require.NoError(t, c1.Close())
@@ -110,9 +111,9 @@ func TestSharedCQ(t *testing.T) {
 	})
 }
 
-// ConnectOverTCP creates the QP itself on the PD's context, so shared CQs
-// need Options.PD, made on the same context.
-func TestConnectOverTCPWithSharedCQ(t *testing.T) {
+// oob.Connect creates the QP itself on the PD's context, so shared CQs
+// need Config.PD, made on the same context.
+func TestOOBConnectWithSharedCQ(t *testing.T) {
 	checkNoLeaks(t)
 	d := rxe(t)
 	dev, err := verbs.Open(d.name)
@@ -122,27 +123,27 @@ func TestConnectOverTCPWithSharedCQ(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { assert.NoError(t, cq.Close(), "the CQ outlives its connections") })
 
-	refused := func(opts *rdmacm.Options, want string) {
+	refused := func(cfg *oob.Config, want string) {
 		t.Helper()
 		a, b := tcpPair(t, d)
-		defer a.Close() // a failed ConnectOverTCP leaves the socket to its caller
+		defer a.Close() // a failed oob.Connect leaves the socket to its caller
 		defer b.Close()
-		_, err := rdmacm.ConnectOverTCP(ctxFor(t, 20*time.Second), a, opts)
+		_, err := oob.Connect(ctxFor(t, 20*time.Second), a, cfg)
 		var oe *rdmacm.OpError
 		require.ErrorAs(t, err, &oe)
 		assert.Contains(t, oe.Error(), want)
 		assert.NotEmpty(t, oe.Hint)
 	}
-	refused(&rdmacm.Options{SendCQ: cq}, "shared CQs need Options.PD")
-	refused(&rdmacm.Options{RecvCQ: cq, PD: ownPD(t, d.name)}, "the CQ in Options.RecvCQ and the PD in Options.PD were made on different contexts of rxe0")
+	refused(&oob.Config{SendCQ: cq}, "shared CQs need Config.PD")
+	refused(&oob.Config{RecvCQ: cq, PD: ownPD(t, d.name)}, "the CQ in Config.RecvCQ and the PD in Config.PD were made on different contexts of rxe0")
 
 	pd, err := dev.AllocPD()
 	require.NoError(t, err)
 	t.Cleanup(func() { assert.NoError(t, pd.Close()) })
-	client, server := overTCP(t, d, &rdmacm.Options{PD: pd, RecvCQ: cq})
-	assert.Same(t, cq, client.RecvCQ)
-	assert.Same(t, cq, server.RecvCQ)
-	assert.NotSame(t, cq, client.SendCQ, "the send CQ is the connection's own")
+	client, server := overTCP(t, d, &oob.Config{PD: pd, RecvCQ: cq})
+	assert.Same(t, cq, client.RecvCQ())
+	assert.Same(t, cq, server.RecvCQ())
+	assert.NotSame(t, cq, client.SendCQ(), "the send CQ is the connection's own")
 
 	ctx := ctxFor(t, 20*time.Second)
 	mr, err := pd.RegisterMemory(4096, access)
@@ -151,7 +152,7 @@ func TestConnectOverTCPWithSharedCQ(t *testing.T) {
 	require.NoError(t, server.PostRecv(mr, 1024, 64))
 	require.NoError(t, client.Send(ctx, mr, 0, 40), "the send CQ is not shared: Send works")
 	wc := pollN(t, ctx, cq, 1)[0]
-	assert.Equal(t, server.QP.QPN, wc.QPN)
+	assert.Equal(t, server.QP().QPN, wc.QPN)
 	assert.Equal(t, uint32(40), wc.ByteLen)
 	require.NoError(t, client.Close())
 	require.NoError(t, server.Close())

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/rdmago/rdmago/oob"
 	"github.com/rdmago/rdmago/rdmacm"
 	"github.com/rdmago/rdmago/verbs"
 )
@@ -33,11 +34,11 @@ func TestSharedPD(t *testing.T) {
 	forEachDevice(t, func(t *testing.T, d device) {
 		checkNoLeaks(t)
 		pd := ownPD(t, d.name)
-		opts := &rdmacm.Options{PD: pd}
-		c1, s1 := pair(t, d, opts)
-		c2, s2 := pair(t, d, opts)
+		cfg := rdmacm.ConnConfig{PD: pd}
+		c1, s1 := pair(t, d, cfg)
+		c2, s2 := pair(t, d, cfg)
 		for _, c := range []*rdmacm.Conn{c1, s1, c2, s2} {
-			assert.Same(t, pd, c.PD)
+			assert.Same(t, pd, c.PD())
 		}
 
 		ctx := ctxFor(t, 20*time.Second)
@@ -63,7 +64,7 @@ func TestSharedPD(t *testing.T) {
 }
 
 // A PD or CQ that cannot serve the connection's QP is refused before any
-// QP exists, on either side, naming the Options field and what to do.
+// QP exists, on either side, naming the ConnConfig field and what to do.
 func TestLentObjectsRefused(t *testing.T) {
 	r, s := rxe(t), siw(t)
 	checkNoLeaks(t)
@@ -89,42 +90,42 @@ func TestLentObjectsRefused(t *testing.T) {
 
 	for _, tc := range []struct {
 		name       string
-		opts       *rdmacm.Options
+		cfg        rdmacm.ConnConfig
 		field      string
 		want, hint string
 	}{
-		{"PD of verbs.Open", &rdmacm.Options{PD: otherPD}, "PD",
+		{"PD of verbs.Open", rdmacm.ConnConfig{PD: otherPD}, "PD",
 			"allocated on a context of rxe0 other than librdmacm's", `allocate the PD on rdmacm.OpenDevice("rxe0")`},
-		{"PD of another device", &rdmacm.Options{PD: ownPD(t, s.name)}, "PD",
+		{"PD of another device", rdmacm.ConnConfig{PD: ownPD(t, s.name)}, "PD",
 			"belongs to siw0, but the connection goes through rxe0", `rdmacm.OpenDevice("rxe0")`},
-		{"closed PD", &rdmacm.Options{PD: closedPD}, "PD", "Options.PD is closed", "after the last connection and MR"},
-		{"CQ of verbs.Open", &rdmacm.Options{SendCQ: otherCQ}, "SendCQ",
+		{"closed PD", rdmacm.ConnConfig{PD: closedPD}, "PD", "ConnConfig.PD is closed", "after the last connection and MR"},
+		{"CQ of verbs.Open", rdmacm.ConnConfig{SendCQ: otherCQ}, "SendCQ",
 			"created on a context of rxe0 other than librdmacm's", `create the CQ on rdmacm.OpenDevice("rxe0")`},
-		{"CQ of another device", &rdmacm.Options{RecvCQ: ownCQ(t, s.name, 4)}, "RecvCQ",
+		{"CQ of another device", rdmacm.ConnConfig{RecvCQ: ownCQ(t, s.name, 4)}, "RecvCQ",
 			"belongs to siw0, but the connection goes through rxe0", `rdmacm.OpenDevice("rxe0")`},
-		{"closed CQ", &rdmacm.Options{RecvCQ: closedCQ}, "RecvCQ", "Options.RecvCQ is closed", "after the last connection"},
+		{"closed CQ", rdmacm.ConnConfig{RecvCQ: closedCQ}, "RecvCQ", "ConnConfig.RecvCQ is closed", "after the last connection"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			check := func(err error) {
 				t.Helper()
 				var oe *rdmacm.OpError
 				require.ErrorAs(t, err, &oe)
-				assert.Equal(t, "use Options."+tc.field, oe.Op)
+				assert.Equal(t, "use ConnConfig."+tc.field, oe.Op)
 				assert.Equal(t, "rxe0", oe.Device)
 				assert.Contains(t, oe.Error(), tc.want)
 				assert.Contains(t, oe.Hint, tc.hint)
 			}
-			_, err := rdmacm.Dial(ctx, r.at(port()), tc.opts)
+			_, err := (&rdmacm.Dialer{ConnConfig: tc.cfg}).Dial(ctx, r.at(port()))
 			check(err)
 
 			// The listener refuses the request, and the dialer hears so.
-			l, addr := listen(t, r, tc.opts)
+			l, addr := listen(t, r, &rdmacm.ListenConfig{ConnConfig: tc.cfg})
 			accepted := make(chan error, 1)
 			go func() {
 				_, err := l.Accept(ctx)
 				accepted <- err
 			}()
-			_, err = rdmacm.Dial(ctx, addr, nil)
+			_, err = rdmacm.Dial(ctx, addr)
 			assert.ErrorIs(t, err, rdmacm.ErrRejected)
 			check(<-accepted)
 		})
@@ -135,9 +136,9 @@ func TestLentObjectsRefused(t *testing.T) {
 	assert.Contains(t, err.Error(), "rxe0", "the error lists the devices there are")
 }
 
-// ConnectOverTCP creates the QP itself, so a PD on any context of the
-// device will do.
-func TestConnectOverTCPWithSharedPD(t *testing.T) {
+// oob.Connect creates the QP itself, so a PD on any context of the device
+// will do.
+func TestOOBConnectWithSharedPD(t *testing.T) {
 	checkNoLeaks(t)
 	d := rxe(t)
 	dev, err := verbs.Open(d.name)
@@ -147,20 +148,20 @@ func TestConnectOverTCPWithSharedPD(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { assert.NoError(t, pd.Close(), "the PD outlives its connections") })
 
-	client, server := overTCP(t, d, &rdmacm.Options{PD: pd})
-	assert.Same(t, pd, client.PD)
-	assert.Same(t, pd, server.PD)
-	exchange(t, client, server)
+	client, server := overTCP(t, d, &oob.Config{PD: pd})
+	assert.Same(t, pd, client.PD())
+	assert.Same(t, pd, server.PD())
+	exchange(t, client.Conn, server.Conn)
 	require.NoError(t, client.Close())
 	require.NoError(t, server.Close())
 
 	// On another device it is refused, naming both.
 	other := ownPD(t, siw(t).name)
 	a, b := tcpPair(t, d)
-	defer a.Close() // a failed ConnectOverTCP leaves the socket to its caller
+	defer a.Close() // a failed oob.Connect leaves the socket to its caller
 	defer b.Close()
-	_, err = rdmacm.ConnectOverTCP(ctxFor(t, 20*time.Second), a, &rdmacm.Options{PD: other})
+	_, err = oob.Connect(ctxFor(t, 20*time.Second), a, &oob.Config{PD: other})
 	var oe *rdmacm.OpError
 	require.ErrorAs(t, err, &oe)
-	assert.Contains(t, oe.Error(), "belongs to siw0, but the connection goes through rxe0")
+	assert.Contains(t, oe.Error(), "Config.PD belongs to siw0, but the path goes through rxe0")
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/rdmago/rdmago/oob"
 	"github.com/rdmago/rdmago/rdmacm"
 	"github.com/rdmago/rdmago/verbs"
 )
@@ -34,41 +35,41 @@ func tcpPair(t *testing.T, d device) (client, server net.Conn) {
 	return client, server
 }
 
-// overTCP connects both ends of a TCP connection to d with ConnectOverTCP;
+// overTCP connects both ends of a TCP connection to d with oob.Connect;
 // the caller closes them.
-func overTCP(t *testing.T, d device, opts *rdmacm.Options) (client, server *rdmacm.Conn) {
+func overTCP(t *testing.T, d device, cfg *oob.Config) (client, server *oob.Conn) {
 	t.Helper()
 	ctx := ctxFor(t, 20*time.Second)
 	a, b := tcpPair(t, d)
 	type result struct {
-		c   *rdmacm.Conn
+		c   *oob.Conn
 		err error
 	}
 	served := make(chan result, 1)
 	go func() {
-		c, err := rdmacm.ConnectOverTCP(ctx, b, opts)
+		c, err := oob.Connect(ctx, b, cfg)
 		served <- result{c, err}
 	}()
-	client, err := rdmacm.ConnectOverTCP(ctx, a, opts)
+	client, err := oob.Connect(ctx, a, cfg)
 	require.NoError(t, err)
 	r := <-served
 	require.NoError(t, r.err)
 	return client, r.c
 }
 
-func TestConnectOverTCP(t *testing.T) {
+func TestOOBConnect(t *testing.T) {
 	checkNoLeaks(t)
 	client, server := overTCP(t, rxe(t), nil)
 	defer server.Close()
 
-	exchange(t, client, server)
-	p := client.Path()
+	exchange(t, client.Conn, server.Conn)
+	p := client.Route()
 	assert.Equal(t, "rxe0", p.Device)
 	assert.Equal(t, verbs.MTU1024, p.MTU)
 	assert.GreaterOrEqual(t, p.GIDIndex, 0)
 	assert.Equal(t, verbs.KindRoCE, p.Kind)
 	assert.Equal(t, verbs.GIDTypeRoCEv2, p.GIDType)
-	assert.Equal(t, verbs.QPStateRTS, client.QP.State())
+	assert.Equal(t, verbs.QPStateRTS, client.QP().State())
 
 	// Closing one end is the other's disconnect.
 	require.NoError(t, client.Close())
@@ -82,7 +83,7 @@ func TestConnectOverTCP(t *testing.T) {
 
 // The peer here is this test speaking the exchange by hand, announcing
 // what a misconfigured host would.
-func TestConnectOverTCPRefusesMismatches(t *testing.T) {
+func TestOOBConnectRefusesMismatches(t *testing.T) {
 	for _, tc := range []struct {
 		name, field string
 		value       any
@@ -108,7 +109,7 @@ func TestConnectOverTCPRefusesMismatches(t *testing.T) {
 				out, _ := json.Marshal(announced)
 				b.Write(append(out, '\n'))
 			}()
-			_, err := rdmacm.ConnectOverTCP(ctx, a, nil)
+			_, err := oob.Connect(ctx, a, nil)
 			require.Error(t, err)
 			assert.Contains(t, err.Error(), tc.want)
 			a.Close()
@@ -116,12 +117,12 @@ func TestConnectOverTCPRefusesMismatches(t *testing.T) {
 	}
 }
 
-func TestConnectOverTCPRefusedOnIWARP(t *testing.T) {
+func TestOOBConnectRefusedOnIWARP(t *testing.T) {
 	checkNoLeaks(t)
 	a, b := tcpPair(t, siw(t))
 	defer a.Close()
 	defer b.Close()
-	_, err := rdmacm.ConnectOverTCP(context.Background(), a, nil)
-	assert.ErrorIs(t, err, rdmacm.ErrManualOnIWARP)
+	_, err := oob.Connect(context.Background(), a, nil)
+	assert.ErrorIs(t, err, verbs.ErrIWARPManual)
 	assert.Contains(t, err.Error(), "siw0")
 }

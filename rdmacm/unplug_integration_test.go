@@ -32,8 +32,8 @@ func TestDeviceRemoval(t *testing.T) {
 	time.Sleep(500 * time.Millisecond) // the port goes ACTIVE
 
 	d := device{name: "rxegone", addr: "10.70.0.1"}
-	client, server := pair(t, d, nil)
-	assert.Equal(t, "rxegone", client.Path().Device)
+	client, server := pair(t, d, rdmacm.ConnConfig{})
+	assert.Equal(t, "rxegone", client.Route().Device)
 
 	deleted := make(chan error, 1)
 	go func() {

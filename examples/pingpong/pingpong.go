@@ -311,7 +311,7 @@ func (p *poller) next(ctx context.Context, cq *verbs.CQ) (verbs.WorkCompletion, 
 		}
 		if n == 1 {
 			if p.wc[0].Status != verbs.WCSuccess {
-				return p.wc[0], &rdmacm.CompletionError{Status: p.wc[0].Status, Vendor: p.wc[0].VendorErr}
+				return p.wc[0], &verbs.CompletionError{WC: p.wc[0]}
 			}
 			return p.wc[0], nil
 		}
@@ -501,7 +501,7 @@ func measureBandwidth(ctx context.Context, p *poller, src *verbs.MR, window rdma
 		}
 		for _, wc := range p.wc[:n] {
 			if wc.Status != verbs.WCSuccess {
-				return 0, &rdmacm.CompletionError{Status: wc.Status, Vendor: wc.VendorErr}
+				return 0, &verbs.CompletionError{WC: wc}
 			}
 			done = max(done, int(wc.ID))
 		}
