@@ -79,7 +79,11 @@ type ConnConfig struct {
 	BeforeModify func(t verbs.Transition, attr *verbs.QPAttr, mask *verbs.AttrMask) error
 
 	// RetryCount and RNRRetryCount (3 bits; an RNR count of 7 retries
-	// forever) default to 7, as most tools use; negative means none.
+	// forever) default to 7, as most tools use; negative means none. The
+	// CM applies them as the InfiniBand CM defines: both QPs take the
+	// dialer's RetryCount, and each side's QP retries RNR as often as its
+	// peer's RNRRetryCount says (the peer is the one that may be not
+	// ready).
 	RetryCount    int
 	RNRRetryCount int
 	// ResponderResources and InitiatorDepth bound RDMA reads and atomics in

@@ -44,9 +44,12 @@ func (e EventType) String() string {
 // ConnParam is what one side of a connection asks of or grants the other
 // (struct rdma_conn_param without the private data).
 type ConnParam struct {
-	// ResponderResources is how many RDMA reads and atomics the sender of
-	// this parameter accepts in flight as responder; InitiatorDepth how many
-	// it issues.
+	// ResponderResources is how many RDMA reads and atomics a side accepts
+	// in flight as responder; InitiatorDepth how many it issues. In
+	// Connect and Accept they are this side's; in a CONNECT_REQUEST and
+	// in the reply's event the CM has turned the peer's around to this side's
+	// view (its initiator depth is our responder resources), ready to be
+	// capped and passed to Accept.
 	ResponderResources uint8
 	InitiatorDepth     uint8
 	FlowControl        bool

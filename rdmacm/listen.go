@@ -281,8 +281,10 @@ type ConnRequest struct {
 	Local, Remote netip.AddrPort
 	Device        string
 	Port          int
-	// Param is what the peer offered: its responder resources, initiator
-	// depth and retry counts.
+	// Param is what the peer offered, from this side's view:
+	// ResponderResources is the peer's initiator depth (how many reads
+	// this side may have to answer at once), InitiatorDepth its responder
+	// resources; and its retry counts.
 	Param ConnParam
 	// PrivateData the peer sent with the request (rdmago's header removed).
 	PrivateData []byte
@@ -481,6 +483,7 @@ func (e *endpoint) accept(ctx context.Context, r *request, privateData []byte) (
 	}
 	if o.Mode == ModeManual {
 		p.QPNum = e.res.qp.QPN
+		e.accepted = &p
 		if o.QPType != verbs.QPTypeUD {
 			if err := e.move(verbs.QPStateRTR, r.peerMTU); err != nil {
 				e.id.reject(nil)

@@ -47,6 +47,9 @@ type endpoint struct {
 	issuedAt time.Time
 	// c is the connection being made, once BeforeConnect has seen it.
 	c *conn
+	// accepted is what a manual accept grants: its QP moves with these
+	// reads in flight.
+	accepted *ConnParam
 }
 
 func (e *endpoint) fail(step string, kind, err error) *OpError {
@@ -359,6 +362,17 @@ func (e *endpoint) move(to verbs.QPState, peerMTU verbs.MTU) error {
 		}
 		return oe
 	}
+	if e.accepted != nil {
+		// rdma_init_qp_attr gives the request's reads in flight; the
+		// accept grants what rdAtomic settled on, and librdmacm moves its
+		// own QPs with those.
+		if mask&verbs.AttrMaxDestRdAtomic != 0 {
+			attr.MaxDestRdAtomic = e.accepted.ResponderResources
+		}
+		if mask&verbs.AttrMaxQPRdAtomic != 0 {
+			attr.MaxRdAtomic = e.accepted.InitiatorDepth
+		}
+	}
 	if mask&verbs.AttrPathMTU != 0 {
 		if m := e.port.ActiveMTU; m.Valid() && m < attr.PathMTU {
 			attr.PathMTU = m
@@ -413,7 +427,7 @@ func (e *endpoint) localMTU() verbs.MTU {
 }
 
 // rdAtomic fills in responder resources and initiator depth: the device's
-// maxima, capped by the options and (passive side) by what the peer offered.
+// maxima, capped by the config and (passive side) by what the peer offered.
 func (e *endpoint) rdAtomic(p *ConnParam, peer *ConnParam) error {
 	a, err := queryDevice(e.res.dev)
 	if err != nil {
@@ -427,8 +441,11 @@ func (e *endpoint) rdAtomic(p *ConnParam, peer *ConnParam) error {
 		depth = min(depth, e.o.InitiatorDepth)
 	}
 	if peer != nil {
-		rr = min(rr, int(peer.InitiatorDepth))
-		depth = min(depth, int(peer.ResponderResources))
+		// The CM hands over the request's values from this side's view
+		// (the peer's initiator depth as our responder resources), as
+		// rdma_accept takes them.
+		rr = min(rr, int(peer.ResponderResources))
+		depth = min(depth, int(peer.InitiatorDepth))
 	}
 	p.ResponderResources, p.InitiatorDepth = uint8(min(rr, 255)), uint8(min(depth, 255))
 	return nil
