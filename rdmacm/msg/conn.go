@@ -542,7 +542,10 @@ func (c *Conn) loop() {
 			continue
 		}
 		switch {
-		case wc.Status == verbs.WCLocLenErr:
+		case wc.Status == verbs.WCLocLenErr || wc.Status == verbs.WCLocQPOpErr:
+			// Our buffers are registered for local writes: a receive fails
+			// only when the frame does not fit (rxe reports that as
+			// LOC_QP_OP_ERR, siw as LOC_LEN_ERR).
 			c.mu.Lock()
 			c.failLocked(&ProtocolError{What: fmt.Sprintf("a frame larger than this side's %d-byte receive buffers "+
 				"(the receive failed with %v; the hello announced %d-byte messages)", c.recvSize, wc.Status, c.max)})

@@ -100,7 +100,7 @@ func (l *ledger) incoming(h header) error {
 		l.received++
 	} else {
 		if l.slotsGiven-l.creditsIn == 0 {
-			return fmt.Errorf("a CREDIT frame without a reply slot: it had used all %d given", l.slotsGiven)
+			return fmt.Errorf("a CREDIT frame without a reply slot (%d given so far, all used)", l.slotsGiven)
 		}
 		l.creditsIn++
 	}
