@@ -222,7 +222,8 @@ func (c *Conn) sendErrLocked() error {
 }
 
 // Send sends p as one message. It returns once p is copied into a send
-// buffer and posted: many messages may be in flight. When the peer has no
+// buffer and posted: many messages may be in flight. A ctx that has ended
+// already sends nothing. When the peer has no
 // credit left for this side (its application holds that many messages) or
 // every send buffer is in flight, Send waits, until ctx ends; that is
 // backpressure, never an error. A message longer than MaxMessageSize fails
@@ -243,6 +244,9 @@ func (c *Conn) CloseSend(ctx context.Context) error {
 }
 
 func (c *Conn) sendFrame(ctx context.Context, op string, t frameType, p []byte) error {
+	if err := ctx.Err(); err != nil {
+		return c.opError(op, err)
+	}
 	for {
 		c.mu.Lock()
 		if err := c.sendErrLocked(); err != nil {
@@ -454,12 +458,16 @@ func (c *Conn) wakeLocked() {
 	}
 }
 
-// Recv returns the next message, waiting for one until ctx ends. Release
+// Recv returns the next message, waiting for one until ctx ends (a ctx
+// that has ended already takes none). Release
 // it when done. After the peer's CloseSend (or Close) and the messages
 // before it, Recv returns io.EOF; on a connection that ended otherwise it
 // fails with the reason (rdmacm.ErrEnded, ErrProtocol, ErrTransport,
 // ErrClosed), once the messages that arrived before the end are taken.
 func (c *Conn) Recv(ctx context.Context) (*Message, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, c.opError("receive", err)
+	}
 	for {
 		c.mu.Lock()
 		switch {
