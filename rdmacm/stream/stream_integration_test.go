@@ -309,4 +309,3 @@ func TestCloseDoesNotHang(t *testing.T) {
 		assert.ErrorIs(t, <-accepted, net.ErrClosed)
 	})
 }
-
