@@ -475,3 +475,76 @@ func TestPeerDeath(t *testing.T) {
 		assert.Less(t, time.Since(start), 5*time.Second, "Close on a dead peer")
 	})
 }
+
+// The RNR counters the backpressure test watches do move when a receiver
+// is not ready: a plain rdmacm connection that sends before the peer posted
+// a receive makes rxe count it (siw has no RNR: it has no such counters).
+func TestRNRCountersSeeReceiverNotReady(t *testing.T) {
+	d := rxe(t)
+	checkNoLeaks(t)
+	ctx := ctxFor(t, 30*time.Second)
+	addr := d.at(port())
+	rl, err := rdmacm.Listen(addr)
+	require.NoError(t, err)
+	defer rl.Close()
+	accepted := make(chan *rdmacm.Conn, 1)
+	go func() {
+		c, err := rl.Accept(ctx)
+		assert.NoError(t, err)
+		accepted <- c
+	}()
+	rc, err := rdmacm.Dial(ctx, addr)
+	require.NoError(t, err)
+	defer rc.Close()
+	server := <-accepted
+	require.NotNil(t, server)
+	defer server.Close()
+
+	before := rnrCounters(t, d.name)
+	mr, err := rc.RegisterMemory(64, 0)
+	require.NoError(t, err)
+	// No receive posted on the other side: rxe NAKs and retries (past
+	// the retry count asked for, in our guest), so give up after a while.
+	sendCtx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	err = rc.Send(sendCtx, mr, 0, 64)
+	require.Error(t, err)
+	after := rnrCounters(t, d.name)
+	t.Logf("send without a posted receive: %v; counters %v -> %v", err, before, after)
+	assert.NotEqual(t, before, after, "an RNR shows in the counters")
+}
+
+// Senders in many goroutines at once: every message arrives once, each
+// sender's in its order.
+func TestConcurrentSenders(t *testing.T) {
+	forEachDevice(t, func(t *testing.T, d device) {
+		checkNoLeaks(t)
+		client, server := pair(t, d, &Config{SendBuffers: 8}, &Config{Credits: 8})
+		ctx := ctxFor(t, 60*time.Second)
+		const senders, each = 8, 300
+		var wg sync.WaitGroup
+		for s := range senders {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := range each {
+					if err := client.Send(ctx, []byte{byte(s), byte(i >> 8), byte(i)}); err != nil {
+						t.Error(err)
+						return
+					}
+				}
+			}()
+		}
+		next := make([]int, senders)
+		for range senders * each {
+			m, err := server.Recv(ctx)
+			require.NoError(t, err)
+			b := m.Bytes()
+			s, i := int(b[0]), int(b[1])<<8|int(b[2])
+			require.Equal(t, next[s], i, "sender %d", s)
+			next[s]++
+			m.Release()
+		}
+		wg.Wait()
+	})
+}
