@@ -3,6 +3,7 @@
 package stream
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/sha256"
@@ -12,6 +13,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"os"
+	"os/exec"
 	"runtime"
 	"testing"
 	"time"
@@ -44,6 +46,10 @@ func (d device) next() string {
 }
 
 func TestMain(m *testing.M) {
+	if addr := os.Getenv("STREAM_TEST_PEER"); addr != "" {
+		peerMain(addr)
+		return
+	}
 	if top, err := testbed.Load(); err == nil {
 		// librdmacm keeps what a first connection opens for the life of
 		// the process: not a leak of the first test's.
@@ -307,5 +313,73 @@ func TestCloseDoesNotHang(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 		require.NoError(t, l.Close())
 		assert.ErrorIs(t, <-accepted, net.ErrClosed)
+	})
+}
+
+// peerMain is the peer process of TestPeerDeath: it dials, writes, says so,
+// and waits to be killed.
+func peerMain(addr string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	c, err := Dial(ctx, addr)
+	if err != nil {
+		fmt.Println("dial:", err)
+		os.Exit(1)
+	}
+	if _, err := c.Write([]byte("written before dying")); err != nil {
+		fmt.Println("write:", err)
+		os.Exit(1)
+	}
+	fmt.Println("written")
+	<-ctx.Done()
+}
+
+// A peer process that dies: what it wrote is read, then a blocked Read
+// fails (not io.EOF: the stream did not end in order), Writes fail, and
+// Close does not hang.
+func TestPeerDeath(t *testing.T) {
+	forEachDevice(t, func(t *testing.T, d device) {
+		checkNoLeaks(t)
+		l, err := Listen(context.Background(), nil, d.next(), nil)
+		require.NoError(t, err)
+		defer l.Close()
+		exe, err := os.Executable()
+		require.NoError(t, err)
+		cmd := exec.Command(exe, "-test.run=^$")
+		cmd.Env = append(os.Environ(), "STREAM_TEST_PEER="+l.Addr().String())
+		out, err := cmd.StdoutPipe()
+		require.NoError(t, err)
+		require.NoError(t, cmd.Start())
+		defer cmd.Wait()
+		defer cmd.Process.Kill()
+		c, err := l.Accept()
+		require.NoError(t, err)
+		defer c.Close()
+		line, err := bufio.NewReader(out).ReadString('\n')
+		require.NoError(t, err)
+		require.Equal(t, "written\n", line)
+		b := make([]byte, len("written before dying"))
+		_, err = io.ReadFull(c, b)
+		require.NoError(t, err)
+		assert.Equal(t, "written before dying", string(b))
+
+		c.SetDeadline(time.Now().Add(30 * time.Second))
+		readErr := make(chan error, 1)
+		go func() {
+			_, err := c.Read(b)
+			readErr <- err
+		}()
+		time.Sleep(100 * time.Millisecond)
+		require.NoError(t, cmd.Process.Kill())
+		err = <-readErr
+		require.Error(t, err)
+		assert.NotErrorIs(t, err, io.EOF)
+		assert.NotErrorIs(t, err, os.ErrDeadlineExceeded, "the death is noticed, not the deadline")
+		t.Logf("%s: Read after the peer died: %v", d.name, err)
+		_, err = c.Write([]byte("to no one"))
+		assert.Error(t, err)
+		start := time.Now()
+		c.Close()
+		assert.Less(t, time.Since(start), 5*time.Second)
 	})
 }
