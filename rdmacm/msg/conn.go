@@ -376,7 +376,9 @@ func (c *Conn) sentLocked(wcs []verbs.WorkCompletion) {
 		} else {
 			c.freeSend = append(c.freeSend, int(wc.ID))
 		}
-		if wc.Status != verbs.WCSuccess && (wc.Status != verbs.WCWRFlushErr || c.rc.Err() == nil) {
+		// A flushed send says only that the QP is in the error state: the
+		// cause is the connection's end, or the failed request before it.
+		if wc.Status != verbs.WCSuccess && wc.Status != verbs.WCWRFlushErr {
 			c.failLocked(&kindError{ErrTransport, fmt.Errorf("a send failed: %w", &verbs.CompletionError{WC: wc})})
 		}
 	}
@@ -561,12 +563,10 @@ func (c *Conn) loop() {
 			c.disconnect()
 			return
 		case wc.Status == verbs.WCWRFlushErr:
-			if c.rc.Err() != nil {
+			if c.flushedByEnd() {
 				continue // the connection ended: Recv says so once the flushed receives are taken
 			}
-			// The QP went to the error state on this side: a send failed.
 			c.mu.Lock()
-			c.reapLocked()
 			c.failLocked(&kindError{ErrTransport, fmt.Errorf("the receives were flushed: the QP is in the error state")})
 			c.mu.Unlock()
 			c.disconnect()
@@ -592,6 +592,31 @@ func (c *Conn) loop() {
 			return
 		}
 	}
+}
+
+// flushedByEnd tells whether receives were flushed because the connection
+// ended (rdmacm moves the QP to the error state just before it reports the
+// end, and siw flushes at once) rather than because a send failed here.
+func (c *Conn) flushedByEnd() bool {
+	if c.rc.Err() != nil {
+		return true
+	}
+	c.mu.Lock()
+	c.reapLocked()
+	failed := c.failed != nil
+	c.mu.Unlock()
+	if failed {
+		return false
+	}
+	t := time.NewTimer(c.closeTimeout)
+	defer t.Stop()
+	select {
+	case <-c.rc.Done():
+		return true
+	case <-t.C:
+	case <-c.loopCtx.Done():
+	}
+	return false
 }
 
 // disconnect ends the connection underneath after a failure, so that the
