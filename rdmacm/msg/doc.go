@@ -26,9 +26,20 @@
 //
 // # Frames
 //
-// Every SEND is one frame: a 12-byte header (magic 0x6d, version, type,
-// flags, grant, length; see header) and, for DATA, the message. Types are
-// HELLO, DATA, CREDIT and FIN (no more messages: Recv returns io.EOF).
+// Every SEND is one frame: a 12-byte header, big-endian, then for DATA the
+// message:
+//
+//	byte 0      magic 0x6d
+//	byte 1      version (1)
+//	byte 2      type: 1 HELLO, 2 DATA, 3 CREDIT, 4 FIN
+//	byte 3      flags: bit 0 gives the receiver a reply slot; others zero
+//	bytes 4-7   grant (see below)
+//	bytes 8-11  length of the message that follows (0 but for DATA)
+//
+// FIN says no more messages follow (CloseSend, Close): the peer's Recv
+// returns io.EOF after the messages before it. The hello (bytes 0-3
+// "rmsg", 4 version, 5 flags, 6-7 reply slots, 8-11 credits, 12-15 largest
+// message) is laid out the same way.
 //
 // # Flow control
 //
@@ -38,9 +49,16 @@
 // buffers are posted again in batches and only then granted. When no frame
 // is going the other way to carry a grant, a CREDIT frame does; CREDIT
 // frames use reply slots, which the other side hands out with its frames
-// and keeps receive buffers for, so they never need credits themselves.
-// The argument that neither side can wait for ever is in the ledger type's
-// documentation.
+// and keeps receive buffers for, so they never need credits themselves: a
+// side hands out at most 4 at a time and keeps 4 receive buffers beyond its
+// credits for them, posting a CREDIT frame's buffer again as soon as it is
+// read. A CREDIT frame is sent only to pass on released buffers (a batch of
+// a quarter of the credits, or any when the peer is down to a quarter),
+// never to answer one, so CREDIT frames do not answer each other. Neither
+// side waits for ever: a sender out of credits gave reply slots with its
+// last frames, so its peer can send the grant as soon as its application
+// releases a message. A side waits for credit only while the peer's
+// application holds that many messages.
 //
 // # Goroutines and waiting
 //
@@ -58,5 +76,17 @@
 // reply slot) ends the connection: the error matches ErrProtocol and says
 // what the peer sent. A peer that goes away ends it too, and the calls
 // waiting and the next ones fail with an error that matches rdmacm.ErrEnded
-// (or ErrTransport, when a transfer failed first).
+// (or ErrTransport, when a transfer failed first). There is no keepalive:
+// a peer that vanishes without its kernel disconnecting (a host that dies,
+// a cut link) is noticed only when a send fails, after the QP's retries
+// (on iWARP, TCP's), or by the application's own timeouts.
+//
+// # Memory
+//
+// All memory the device touches is registered through the connection's
+// PD, outside the Go heap: (Credits+4) receive buffers and
+// (SendBuffers+4) send buffers, each the largest message plus the header,
+// rounded up to 64 bytes. A Message points into its receive buffer until
+// Release; Close unmaps every buffer, so a Message must not be used after
+// its connection's Close.
 package msg

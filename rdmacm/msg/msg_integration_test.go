@@ -318,6 +318,9 @@ func TestProtocolAbuse(t *testing.T) {
 				case <-ctx.Done():
 					t.Fatal("the abusing peer was not disconnected")
 				}
+				start := time.Now()
+				require.NoError(t, server.Close())
+				t.Logf("%s: Close took %v", d.name, time.Since(start).Round(time.Millisecond))
 			})
 		})
 	}
