@@ -222,13 +222,13 @@ func (c *Conn) sendErrLocked() error {
 }
 
 // Send sends p as one message. It returns once p is copied into a send
-// buffer and posted: many messages may be in flight. A ctx that has ended
-// already sends nothing. When the peer has no
+// buffer and posted: many messages may be in flight. When the peer has no
 // credit left for this side (its application holds that many messages) or
 // every send buffer is in flight, Send waits, until ctx ends; that is
-// backpressure, never an error. A message longer than MaxMessageSize fails
-// with ErrTooLarge; on a connection that ended, Send fails with the reason
-// (rdmacm.ErrEnded, ErrProtocol, ErrTransport, ErrClosed).
+// backpressure, never an error. A ctx that has ended already sends
+// nothing. A message longer than MaxMessageSize fails with ErrTooLarge; on
+// a connection that ended, Send fails with the reason (rdmacm.ErrEnded,
+// ErrProtocol, ErrTransport, ErrClosed).
 func (c *Conn) Send(ctx context.Context, p []byte) error {
 	if len(p) > c.max {
 		return c.opError("send", &kindError{ErrTooLarge, fmt.Errorf("a %d-byte message; the connection's maximum is %d", len(p), c.max)})
@@ -461,11 +461,11 @@ func (c *Conn) wakeLocked() {
 }
 
 // Recv returns the next message, waiting for one until ctx ends (a ctx
-// that has ended already takes none). Release
-// it when done. After the peer's CloseSend (or Close) and the messages
-// before it, Recv returns io.EOF; on a connection that ended otherwise it
-// fails with the reason (rdmacm.ErrEnded, ErrProtocol, ErrTransport,
-// ErrClosed), once the messages that arrived before the end are taken.
+// that has ended already takes none). Release it when done. After the
+// peer's CloseSend (or Close) and the messages before it, Recv returns
+// io.EOF; on a connection that ended otherwise it fails with the reason
+// (rdmacm.ErrEnded, ErrProtocol, ErrTransport, ErrClosed), once the
+// messages that arrived before the end are taken.
 func (c *Conn) Recv(ctx context.Context) (*Message, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, c.opError("receive", err)
