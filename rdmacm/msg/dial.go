@@ -83,6 +83,9 @@ func checkConnConfig(cc *rdmacm.ConnConfig) error {
 	switch {
 	case cc.SendCQ != nil || cc.RecvCQ != nil:
 		return errors.New("shared CQs (ConnConfig.SendCQ, RecvCQ) are not supported: the connection waits on its own")
+	case cc.PD != nil:
+		return errors.New("a shared protection domain (ConnConfig.PD) is not supported: a peer could reach other " +
+			"connections' buffers with their keys (siw does not even check remote read rights)")
 	case cc.RawPrivateData:
 		return errors.New("ConnConfig.RawPrivateData is not supported: the hello relies on rdmago's private data framing")
 	}

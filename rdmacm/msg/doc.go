@@ -84,9 +84,13 @@
 // # Memory
 //
 // All memory the device touches is registered through the connection's
-// PD, outside the Go heap: (Credits+4) receive buffers and
-// (SendBuffers+4) send buffers, each the largest message plus the header,
-// rounded up to 64 bytes. A Message points into its receive buffer until
-// Release; Close unmaps every buffer, so a Message must not be used after
-// its connection's Close.
+// own PD (a shared ConnConfig.PD is refused), outside the Go heap, without
+// remote rights: a peer's RDMA READ or WRITE with another connection's keys
+// fails and moves no data. (siw, in Linux 6.1, does not check remote read
+// rights within a PD, so there a peer can RDMA READ its own connection's
+// buffers: the messages it sent and was sent, nothing else.) It takes
+// (Credits+4) receive buffers and (SendBuffers+4) send buffers, each the
+// largest message plus the header, rounded up to 64 bytes. A Message
+// points into its receive buffer until Release; Close unmaps every buffer,
+// so a Message must not be used after its connection's Close.
 package msg

@@ -551,3 +551,82 @@ func TestConcurrentSenders(t *testing.T) {
 		wg.Wait()
 	})
 }
+
+// A peer reaches no memory of another connection: each connection has its
+// own PD and registers its buffers without remote rights, so RDMA READ and
+// WRITE with another connection's keys fail and move no data, on rxe and
+// on siw. On its own connection's buffers rxe refuses both too; siw (6.1)
+// refuses the WRITE but serves the READ, as it does not check remote read
+// rights (siw_qp_tx.c checks a read response's memory with no rights):
+// there the peer can read only its own connection's buffers, which hold
+// the messages it sent and was sent.
+func TestNoRemoteAccess(t *testing.T) {
+	rawHello := hello{version: Version, replySlots: 4, credits: 8, maxMessage: 4096}.marshal()
+	forEachDevice(t, func(t *testing.T, d device) {
+		checkNoLeaks(t)
+		ctx := ctxFor(t, 60*time.Second)
+		// Another connection, with a secret in its buffers both ways.
+		otherClient, other := pair(t, d, nil, nil)
+		secret := bytes.Repeat([]byte("secret"), 10)
+		require.NoError(t, other.Send(ctx, secret))
+		require.NoError(t, otherClient.Send(ctx, secret))
+		m, err := other.Recv(ctx)
+		require.NoError(t, err)
+		defer m.Release()
+
+		l, addr := listen(t, d, nil)
+		for _, tc := range []struct {
+			op, what string
+			target   func(own *Conn) *verbs.MR
+			mustFail bool
+		}{
+			{"read", "another connection's receive buffers", func(*Conn) *verbs.MR { return other.recvMR }, true},
+			{"read", "another connection's send buffers", func(*Conn) *verbs.MR { return other.sendMR }, true},
+			{"write", "another connection's receive buffers", func(*Conn) *verbs.MR { return other.recvMR }, true},
+			{"write", "another connection's send buffers", func(*Conn) *verbs.MR { return other.sendMR }, true},
+			{"read", "its own connection's receive buffers", func(c *Conn) *verbs.MR { return c.recvMR }, d.name == "rxe0"},
+			{"write", "its own connection's send buffers", func(c *Conn) *verbs.MR { return c.sendMR }, true},
+		} {
+			accepted := make(chan *Conn, 1)
+			go func() {
+				c, err := l.Accept(ctx)
+				assert.NoError(t, err)
+				accepted <- c
+			}()
+			p, err := rawDial(t, addr, rawHello)
+			require.NoError(t, err)
+			own := <-accepted
+			require.NotNil(t, own)
+			require.NoError(t, p.send(t, rawFrame(frameHello, 0, 8, nil)))
+
+			mr := tc.target(own)
+			before := bytes.Clone(mr.Bytes()[:64])
+			local, err := p.rc.RegisterMemory(4096, verbs.AccessLocalWrite)
+			require.NoError(t, err)
+			for i := range 64 {
+				local.Bytes()[i] = 0xa5
+			}
+			opCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			target := rdmacm.RemoteBufferOf(mr, 0, 64)
+			if tc.op == "read" {
+				err = p.rc.RDMARead(opCtx, local, 0, 64, target)
+			} else {
+				err = p.rc.RDMAWrite(opCtx, local, 0, 64, target)
+			}
+			cancel()
+			t.Logf("%s: RDMA %s of %s with their key: %v", d.name, tc.op, tc.what, err)
+			time.Sleep(200 * time.Millisecond) // an iWARP WRITE completes before the peer refuses it
+			switch {
+			case tc.op == "write":
+				assert.Equal(t, before, mr.Bytes()[:64], "RDMA write of %s changed nothing", tc.what)
+			case tc.mustFail:
+				assert.Error(t, err, "RDMA read of %s", tc.what)
+				assert.Equal(t, bytes.Repeat([]byte{0xa5}, 64), local.Bytes()[:64], "RDMA read of %s read nothing", tc.what)
+			default:
+				assert.NotContains(t, string(local.Bytes()[:64]), "secret", "only this connection's data")
+			}
+			require.NoError(t, own.Close())
+			require.NoError(t, p.rc.Close())
+		}
+	})
+}
