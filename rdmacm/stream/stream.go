@@ -94,6 +94,9 @@ func (s *Conn) ioError(op string, err error, d *deadline) error {
 // read deadline passes, or the connection ends. After the peer's Close or
 // CloseWrite and everything written before it, Read returns io.EOF.
 func (s *Conn) Read(p []byte) (int, error) {
+	if s.closeCtx.Err() != nil { // without waiting for a Close under way
+		return 0, s.opError("read", net.ErrClosed)
+	}
 	s.rmu.Lock()
 	defer s.rmu.Unlock()
 	for {
@@ -140,6 +143,9 @@ func (s *Conn) Read(p []byte) (int, error) {
 // the write deadline passes or the connection ends. It returns how much was
 // sent and, if not all, why.
 func (s *Conn) Write(p []byte) (int, error) {
+	if s.closeCtx.Err() != nil {
+		return 0, s.opError("write", net.ErrClosed)
+	}
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
 	max := s.c.MaxMessageSize()
