@@ -16,6 +16,7 @@ import (
 	"os/exec"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -628,5 +629,37 @@ func TestNoRemoteAccess(t *testing.T) {
 			require.NoError(t, own.Close())
 			require.NoError(t, p.rc.Close())
 		}
+	})
+}
+
+// Idle connections cost one parked goroutine each and no CPU: completions
+// are waited for on the runtime poller, never polled in a loop.
+func TestIdleConnectionsCostOneGoroutineAndNoCPU(t *testing.T) {
+	forEachDevice(t, func(t *testing.T, d device) {
+		checkNoLeaks(t)
+		ctx := ctxFor(t, 60*time.Second)
+		const pairs = 4
+		before := len(goroutineDump())
+		var conns []*Conn
+		for range pairs {
+			c, s := pair(t, d, nil, nil)
+			// One message each way, so every goroutine has waited once.
+			require.NoError(t, c.Send(ctx, []byte("x")))
+			m, err := s.Recv(ctx)
+			require.NoError(t, err)
+			m.Release()
+			conns = append(conns, c, s)
+		}
+		time.Sleep(200 * time.Millisecond)
+		after := len(goroutineDump())
+		assert.LessOrEqual(t, after-before, len(conns), "%d connections, %d more goroutines", len(conns), after-before)
+
+		var r0, r1 syscall.Rusage
+		require.NoError(t, syscall.Getrusage(syscall.RUSAGE_SELF, &r0))
+		time.Sleep(time.Second)
+		require.NoError(t, syscall.Getrusage(syscall.RUSAGE_SELF, &r1))
+		cpu := time.Duration(r1.Utime.Nano()-r0.Utime.Nano()) + time.Duration(r1.Stime.Nano()-r0.Stime.Nano())
+		t.Logf("%s: %d idle connections: %d more goroutines, %v of CPU in 1 s", d.name, len(conns), after-before, cpu)
+		assert.Less(t, cpu, 100*time.Millisecond, "idle connections do not poll")
 	})
 }
