@@ -327,13 +327,15 @@ func (l *Listener) Accept() (net.Conn, error) {
 		if err == nil {
 			return New(c), nil
 		}
-		switch {
-		case l.closeCtx.Err() != nil:
+		if l.closeCtx.Err() != nil {
 			return nil, &net.OpError{Op: "accept", Net: Network, Addr: l.addr, Err: net.ErrClosed}
-		case errors.Is(err, rdmacm.ErrClosed), errors.Is(err, rdmacm.ErrEventChannel):
+		}
+		// One dialer's failed handshake names that dialer: the listener
+		// goes on. Anything else is the listener's own failure.
+		var oe *msg.OpError
+		if !errors.As(err, &oe) || !oe.Remote.IsValid() {
 			return nil, &net.OpError{Op: "accept", Net: Network, Addr: l.addr, Err: err}
 		}
-		// One dialer's failed handshake: the listener goes on.
 	}
 }
 
