@@ -74,6 +74,7 @@ unit: lint mingo
 	go test -run '^$$' -fuzz '^FuzzValidate$$' -fuzztime 200000x ./verbs
 	go test -run '^$$' -fuzz '^FuzzTimerEncoders$$' -fuzztime 200000x ./verbs
 	go test -run '^$$' -fuzz '^FuzzDecodePrivateData$$' -fuzztime 200000x ./rdmacm
+	go test -run '^$$' -fuzz '^FuzzDecodeFrame$$' -fuzztime 200000x ./rdmacm/msg
 
 prepare: $(RDMAVM)
 	@echo "== test bed: guest kernel, siw and initramfs (cached in $(RDMAGO_TESTBED_CACHE))"

@@ -6,6 +6,7 @@ require (
 	github.com/stretchr/testify v1.12.1
 	github.com/vishvananda/netlink v1.3.1
 	github.com/vishvananda/netns v0.0.5
+	golang.org/x/net v0.50.0
 	golang.org/x/sys v0.41.0
 )
 

@@ -1,0 +1,768 @@
+package msg
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/rdmago/rdmago/rdmacm"
+	"github.com/rdmago/rdmago/verbs"
+)
+
+// Config sizes a message connection. Its zero value is ready to use; zero
+// fields take the defaults noted.
+type Config struct {
+	// MaxMessageSize is the largest message this side receives (default
+	// 16 KiB). The connection's maximum, both ways, is the smaller of
+	// both sides' (Conn.MaxMessageSize).
+	MaxMessageSize int
+	// Credits is how many messages the peer may have in flight to this
+	// side, or held unreleased here (default 32): that many receive
+	// buffers of MaxMessageSize are registered and posted.
+	Credits int
+	// SendBuffers is how many messages this side may have in flight
+	// (default 32): Send copies each into one of that many registered
+	// buffers, free again when the device has sent it.
+	SendBuffers int
+	// CloseTimeout bounds how long Close waits to pass the end of the
+	// stream (FIN) and the messages still in flight to the peer (default
+	// 2 s); the disconnect that follows has the rdmacm ConnConfig's own.
+	CloseTimeout time.Duration
+}
+
+const (
+	defaultMaxMessage  = 16 << 10
+	defaultCredits     = 32
+	defaultSendBuffers = 32
+	// replySlots is how many CREDIT frames a peer may have outstanding to
+	// this side, and how many this side sends at once.
+	replySlots = 4
+	// slotAlign rounds buffer slots up, so that each starts on a cache line.
+	slotAlign = 64
+)
+
+func (c *Config) resolve() (Config, error) {
+	var o Config
+	if c != nil {
+		o = *c
+	}
+	if o.MaxMessageSize == 0 {
+		o.MaxMessageSize = defaultMaxMessage
+	}
+	if o.Credits == 0 {
+		o.Credits = defaultCredits
+	}
+	if o.SendBuffers == 0 {
+		o.SendBuffers = defaultSendBuffers
+	}
+	if o.CloseTimeout == 0 {
+		o.CloseTimeout = 2 * time.Second
+	}
+	switch {
+	case o.MaxMessageSize < 1 || o.MaxMessageSize > maxMessageCap:
+		return o, fmt.Errorf("Config.MaxMessageSize %d outside 1 to %d", o.MaxMessageSize, maxMessageCap)
+	case o.Credits < 1 || o.Credits > maxCredits:
+		return o, fmt.Errorf("Config.Credits %d outside 1 to %d", o.Credits, maxCredits)
+	case o.SendBuffers < 1 || o.SendBuffers > maxCredits:
+		return o, fmt.Errorf("Config.SendBuffers %d outside 1 to %d", o.SendBuffers, maxCredits)
+	case o.CloseTimeout < 0:
+		return o, fmt.Errorf("Config.CloseTimeout %v is negative", o.CloseTimeout)
+	}
+	return o, nil
+}
+
+func (o *Config) hello() hello {
+	return hello{version: Version, replySlots: replySlots, credits: uint32(o.Credits), maxMessage: uint32(o.MaxMessageSize)}
+}
+
+// qpCap is the QP the flow control needs: a send queue for every send
+// buffer and CREDIT frame, a receive queue for every credit and reply slot.
+func (o *Config) qpCap() verbs.QPCap {
+	return verbs.QPCap{MaxSendWR: uint32(o.SendBuffers + replySlots), MaxRecvWR: uint32(o.Credits + replySlots),
+		MaxSendSGE: 1, MaxRecvSGE: 1}
+}
+
+func slotSize(max int) int { return (HeaderSize + max + slotAlign - 1) / slotAlign * slotAlign }
+
+// postPool registers the receive buffers and posts them, before the
+// connect request or the accept goes out.
+func postPool(s rdmacm.Setup, o *Config) (*verbs.MR, error) {
+	n, size := o.Credits+replySlots, slotSize(o.MaxMessageSize)
+	mr, err := s.RegisterMemory(n*size, verbs.AccessLocalWrite)
+	if err != nil {
+		return nil, fmt.Errorf("register %d receive buffers of %d bytes: %w", n, size, err)
+	}
+	wrs := make([]verbs.RecvWR, n)
+	for i := range wrs {
+		wrs[i] = verbs.RecvWR{ID: uint64(i), SGEs: []verbs.SGE{mr.SGE(i*size, size)}}
+	}
+	if err := s.QP().PostRecv(wrs...); err != nil {
+		return nil, fmt.Errorf("post %d receive buffers: %w", n, err)
+	}
+	return mr, nil
+}
+
+// Conn is a message connection: whole messages, in order, with credit-based
+// flow control over an RC connection of package rdmacm. Send, Recv, Release
+// and Close may be called from any goroutine.
+//
+// One goroutine per connection reads the receive completions (waiting on
+// Go's runtime poller), checks each frame and queues the messages for Recv;
+// Send posts from the caller's goroutine and, when the send buffers run
+// out, waits for the device's send completions itself.
+type Conn struct {
+	rc            *rdmacm.Conn
+	qp            *verbs.QP
+	scq           *verbs.CQ
+	local, remote netip.AddrPort
+	max           int
+	closeTimeout  time.Duration
+
+	recvMR   *verbs.MR
+	recvSize int
+	nRecv    int
+	sendMR   *verbs.MR
+	sendSize int
+	nSend    int
+
+	mu        sync.Mutex
+	led       ledger
+	changed   chan struct{} // closed and replaced when anything a waiter waits for changes
+	queue     []*Message
+	freeSend  []int
+	freeCtl   []int
+	released  []int // receive buffers given back, to post again
+	peerReady bool  // the dialer's HELLO arrived (accepting side); always on the dialing side
+	peerFin   bool
+	finSent   bool
+	closed    bool
+	failed    error // the peer broke the protocol or a transfer failed
+	wake      context.CancelFunc
+	wakeReq   bool
+
+	// scqMu is held by whoever polls the send CQ: one at a time.
+	scqMu sync.Mutex
+
+	loopCtx   context.Context
+	loopStop  context.CancelFunc
+	loopDone  chan struct{}
+	closeOnce sync.Once
+	closeErr  error
+}
+
+const ctlID = 1 << 32
+
+func newConn(rc *rdmacm.Conn, o *Config, local, peer hello, pool *verbs.MR, accepting bool) (*Conn, error) {
+	max := min(int(local.maxMessage), int(peer.maxMessage))
+	c := &Conn{
+		rc: rc, qp: rc.QP(), scq: rc.SendCQ(), local: rc.LocalAddr(), remote: rc.RemoteAddr(), max: max,
+		closeTimeout: o.CloseTimeout,
+		recvMR:       pool, recvSize: slotSize(o.MaxMessageSize), nRecv: o.Credits + replySlots,
+		sendSize: slotSize(max), nSend: o.SendBuffers,
+		led: newLedger(local, peer), changed: make(chan struct{}), peerReady: !accepting,
+		loopDone: make(chan struct{}),
+	}
+	mr, err := rc.RegisterMemory((c.nSend+replySlots)*c.sendSize, 0)
+	if err != nil {
+		return nil, fmt.Errorf("register %d send buffers of %d bytes: %w", c.nSend+replySlots, c.sendSize, err)
+	}
+	c.sendMR = mr
+	for i := c.nSend - 1; i >= 0; i-- {
+		c.freeSend = append(c.freeSend, i)
+	}
+	for i := replySlots - 1; i >= 0; i-- {
+		c.freeCtl = append(c.freeCtl, i)
+	}
+	c.loopCtx, c.loopStop = context.WithCancel(context.Background())
+	go c.loop()
+	return c, nil
+}
+
+// MaxMessageSize is the largest message either side may send: the smaller
+// of both sides' Config.MaxMessageSize.
+func (c *Conn) MaxMessageSize() int { return c.max }
+
+// LocalAddr and RemoteAddr are the connection's IP addresses and ports.
+func (c *Conn) LocalAddr() netip.AddrPort  { return c.local }
+func (c *Conn) RemoteAddr() netip.AddrPort { return c.remote }
+
+// Route is the path of the connection underneath (device, kind of RDMA, MTU).
+func (c *Conn) Route() rdmacm.Route { return c.rc.Route() }
+
+func (c *Conn) opError(op string, err error) error {
+	return &OpError{Op: op, Local: c.local, Remote: c.remote, Err: err}
+}
+
+// broadcastLocked wakes every waiter.
+func (c *Conn) broadcastLocked() {
+	close(c.changed)
+	c.changed = make(chan struct{})
+}
+
+// sendErrLocked is why nothing can be sent, or nil.
+func (c *Conn) sendErrLocked() error {
+	switch {
+	case c.closed:
+		return ErrClosed
+	case c.failed != nil:
+		return c.failed
+	}
+	if err := c.rc.Err(); err != nil {
+		return err
+	}
+	if c.finSent {
+		return ErrSendClosed
+	}
+	return nil
+}
+
+// Send sends p as one message. It returns once p is copied into a send
+// buffer and posted: many messages may be in flight. When the peer has no
+// credit left for this side (its application holds that many messages) or
+// every send buffer is in flight, Send waits, until ctx ends; that is
+// backpressure, never an error. A ctx that has ended already sends
+// nothing. A message longer than MaxMessageSize fails with ErrTooLarge; on
+// a connection that ended, Send fails with the reason (rdmacm.ErrEnded,
+// ErrProtocol, ErrTransport, ErrClosed).
+func (c *Conn) Send(ctx context.Context, p []byte) error {
+	if len(p) > c.max {
+		return c.opError("send", &kindError{ErrTooLarge, fmt.Errorf("a %d-byte message; the connection's maximum is %d", len(p), c.max)})
+	}
+	return c.sendFrame(ctx, "send", frameData, p)
+}
+
+// CloseSend tells the peer that no more messages follow: its Recv returns
+// io.EOF once it has received the messages sent before. It waits for a
+// credit as Send does. Receiving goes on.
+func (c *Conn) CloseSend(ctx context.Context) error {
+	return c.sendFrame(ctx, "close send", frameFin, nil)
+}
+
+func (c *Conn) sendFrame(ctx context.Context, op string, t frameType, p []byte) error {
+	if err := ctx.Err(); err != nil {
+		return c.opError(op, err)
+	}
+	for {
+		c.mu.Lock()
+		if err := c.sendErrLocked(); err != nil {
+			c.mu.Unlock()
+			return c.opError(op, err)
+		}
+		ready := c.peerReady && c.led.canSend()
+		if ready && len(c.freeSend) == 0 {
+			c.reapLocked()
+		}
+		if ready && len(c.freeSend) > 0 {
+			slot := c.freeSend[len(c.freeSend)-1]
+			c.freeSend = c.freeSend[:len(c.freeSend)-1]
+			c.flushLocked(true)
+			h := c.led.outgoing(t)
+			h.length = uint32(len(p))
+			err := c.postLocked(uint64(slot), slot*c.sendSize, h, p)
+			if t == frameFin {
+				c.finSent = true
+			}
+			c.mu.Unlock()
+			if err != nil {
+				return c.opError(op, err)
+			}
+			return nil
+		}
+		ch := c.changed
+		c.mu.Unlock()
+		if ready && c.scqMu.TryLock() {
+			err := c.reapWait(ctx)
+			c.scqMu.Unlock()
+			if err != nil && ctx.Err() != nil {
+				return c.opError(op, ctx.Err())
+			}
+			continue
+		}
+		select {
+		case <-ch:
+		case <-c.rc.Done():
+			// The next round says why.
+		case <-ctx.Done():
+			return c.opError(op, ctx.Err())
+		}
+	}
+}
+
+// postLocked writes the frame into the send buffer at off and posts it.
+func (c *Conn) postLocked(id uint64, off int, h header, p []byte) error {
+	b := c.sendMR.Bytes()[off : off+c.sendSize]
+	h.put(b)
+	copy(b[HeaderSize:], p)
+	wr := verbs.SendWR{ID: id, Opcode: verbs.OpSend, Flags: verbs.SendSignaled,
+		SGEs: []verbs.SGE{c.sendMR.SGE(off, HeaderSize+len(p))}}
+	if err := c.qp.PostSend(wr); err != nil {
+		if e := c.rc.Err(); e != nil {
+			return e
+		}
+		err = &kindError{ErrTransport, fmt.Errorf("post a %v frame: %w", h.typ, err)}
+		c.failLocked(err)
+		return err
+	}
+	return nil
+}
+
+// failLocked records why the connection can no longer be used, once.
+func (c *Conn) failLocked(err error) {
+	if c.failed == nil {
+		c.failed = err
+		c.broadcastLocked()
+	}
+}
+
+// reapLocked takes the send completions already there, if no one else is
+// polling the send CQ.
+func (c *Conn) reapLocked() {
+	if !c.scqMu.TryLock() {
+		return
+	}
+	defer c.scqMu.Unlock()
+	var wcs [16]verbs.WorkCompletion
+	for {
+		n, err := c.scq.Poll(wcs[:])
+		if err != nil {
+			c.failLocked(&kindError{ErrTransport, fmt.Errorf("poll the send CQ: %w", err)})
+			return
+		}
+		c.sentLocked(wcs[:n])
+		if n < len(wcs) {
+			return
+		}
+	}
+}
+
+// reapWait waits for send completions and takes them, until ctx ends or
+// the connection is closed. The caller holds scqMu.
+func (c *Conn) reapWait(ctx context.Context) error {
+	c.mu.Lock()
+	closed := c.closed
+	c.mu.Unlock()
+	if closed {
+		return ErrClosed
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	stop := context.AfterFunc(c.loopCtx, cancel)
+	var wcs [16]verbs.WorkCompletion
+	n, err := c.scq.PollWait(wctx, wcs[:])
+	stop()
+	cancel()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err != nil {
+		if ctx.Err() == nil && c.loopCtx.Err() == nil {
+			c.failLocked(&kindError{ErrTransport, fmt.Errorf("wait for send completions: %w", err)})
+		}
+		return err
+	}
+	c.sentLocked(wcs[:n])
+	return nil
+}
+
+// sentLocked frees the buffers of completed sends. A failed one ends the
+// connection: the peer is gone or the path broke.
+func (c *Conn) sentLocked(wcs []verbs.WorkCompletion) {
+	for _, wc := range wcs {
+		if wc.ID&ctlID != 0 {
+			c.freeCtl = append(c.freeCtl, int(wc.ID&^ctlID))
+		} else {
+			c.freeSend = append(c.freeSend, int(wc.ID))
+		}
+		// A flushed send says only that the QP is in the error state: the
+		// cause is the connection's end, or the failed request before it.
+		if wc.Status != verbs.WCSuccess && wc.Status != verbs.WCWRFlushErr {
+			c.failLocked(&kindError{ErrTransport, fmt.Errorf("a send failed: %w", &verbs.CompletionError{WC: wc})})
+		}
+	}
+	if len(wcs) > 0 {
+		c.broadcastLocked()
+	}
+}
+
+// flushLocked posts the released receive buffers again and counts them in
+// the grant: all of them when force (a frame is about to carry the grant),
+// else when a batch has gathered or the peer is short of credits.
+func (c *Conn) flushLocked(force bool) {
+	n := len(c.released)
+	if n == 0 || c.closed || c.failed != nil {
+		return
+	}
+	if !force && uint32(n) < c.led.batch() && !c.led.starving() {
+		return
+	}
+	wrs := make([]verbs.RecvWR, n)
+	for i, idx := range c.released {
+		wrs[i] = verbs.RecvWR{ID: uint64(idx), SGEs: []verbs.SGE{c.recvMR.SGE(idx*c.recvSize, c.recvSize)}}
+	}
+	if err := c.qp.PostRecv(wrs...); err != nil {
+		if c.rc.Err() == nil {
+			c.failLocked(&kindError{ErrTransport, fmt.Errorf("post %d receive buffers again: %w", n, err)})
+		}
+		return
+	}
+	c.released = c.released[:0]
+	c.led.reposted(n)
+}
+
+// Message is a received message, in the connection's registered receive
+// buffer: no copy was made. Release gives the buffer back.
+type Message struct {
+	c    *Conn
+	idx  int
+	b    []byte
+	done atomic.Bool
+}
+
+// Bytes is the message. It is valid until Release, and never after the
+// connection's Close, which unmaps the buffers.
+func (m *Message) Bytes() []byte { return m.b }
+
+// Release gives the message's buffer back: it is posted again and the peer
+// is granted the credit (in batches). Holding messages holds credits: the
+// peer's Send waits once this side holds Config.Credits of them. Calling
+// Release again does nothing.
+func (m *Message) Release() {
+	if m.done.Swap(true) {
+		return
+	}
+	m.b = nil
+	m.c.release(m.idx)
+}
+
+func (c *Conn) release(idx int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return
+	}
+	c.released = append(c.released, idx)
+	c.flushLocked(false)
+	if c.led.wantCredit() && c.led.canSendCredit() {
+		c.wakeLocked()
+	}
+}
+
+// wakeLocked has the connection's goroutine look for work (a CREDIT frame
+// to send).
+func (c *Conn) wakeLocked() {
+	if c.wake != nil {
+		c.wake()
+	} else {
+		c.wakeReq = true
+	}
+}
+
+// Recv returns the next message, waiting for one until ctx ends (a ctx
+// that has ended already takes none). Release it when done. After the
+// peer's CloseSend (or Close) and the messages before it, Recv returns
+// io.EOF; on a connection that ended otherwise it fails with the reason
+// (rdmacm.ErrEnded, ErrProtocol, ErrTransport, ErrClosed), once the
+// messages that arrived before the end are taken.
+func (c *Conn) Recv(ctx context.Context) (*Message, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, c.opError("receive", err)
+	}
+	for {
+		c.mu.Lock()
+		switch {
+		case c.closed:
+			c.mu.Unlock()
+			return nil, c.opError("receive", ErrClosed)
+		case len(c.queue) > 0:
+			m := c.queue[0]
+			c.queue[0] = nil
+			c.queue = c.queue[1:]
+			c.mu.Unlock()
+			return m, nil
+		case c.failed != nil:
+			err := c.failed
+			c.mu.Unlock()
+			return nil, c.opError("receive", err)
+		case c.peerFin:
+			c.mu.Unlock()
+			return nil, io.EOF
+		}
+		ch := c.changed
+		c.mu.Unlock()
+		select {
+		case <-ch:
+		case <-c.loopDone:
+			// The goroutine has taken every completion there was.
+			c.mu.Lock()
+			empty := len(c.queue) == 0 && c.failed == nil && !c.peerFin && !c.closed
+			c.mu.Unlock()
+			if empty {
+				err := c.rc.Err()
+				if err == nil {
+					err = ErrClosed
+				}
+				return nil, c.opError("receive", err)
+			}
+		case <-ctx.Done():
+			return nil, c.opError("receive", ctx.Err())
+		}
+	}
+}
+
+// loop is the connection's goroutine: it takes receive completions in
+// order, checks them and queues the messages, and sends CREDIT frames.
+func (c *Conn) loop() {
+	defer close(c.loopDone)
+	for {
+		if err := c.housekeep(); err != nil {
+			if c.loopCtx.Err() == nil {
+				c.disconnect()
+			}
+			return
+		}
+		c.mu.Lock()
+		if c.wakeReq {
+			c.wakeReq = false
+			c.mu.Unlock()
+			continue
+		}
+		ctx, cancel := context.WithCancel(c.loopCtx)
+		c.wake = cancel
+		c.mu.Unlock()
+		wc, err := c.rc.Recv(ctx)
+		c.mu.Lock()
+		c.wake = nil
+		c.mu.Unlock()
+		cancel()
+		if c.loopCtx.Err() != nil {
+			return
+		}
+		if err == nil {
+			err = c.handle(wc)
+			if err != nil {
+				c.mu.Lock()
+				c.failLocked(&ProtocolError{What: err.Error()})
+				c.mu.Unlock()
+				c.disconnect()
+				return
+			}
+			continue
+		}
+		switch {
+		case wc.Status == verbs.WCLocLenErr || wc.Status == verbs.WCLocQPOpErr:
+			// Our buffers are registered for local writes: a receive fails
+			// only when the frame does not fit (rxe reports that as
+			// LOC_QP_OP_ERR, siw as LOC_LEN_ERR).
+			c.mu.Lock()
+			c.failLocked(&ProtocolError{What: fmt.Sprintf("a frame larger than this side's %d-byte receive buffers "+
+				"(the receive failed with %v; the hello announced %d-byte messages)", c.recvSize, wc.Status, c.max)})
+			c.mu.Unlock()
+			c.disconnect()
+			return
+		case wc.Status == verbs.WCWRFlushErr:
+			if c.flushedByEnd() {
+				continue // the connection ended: Recv says so once the flushed receives are taken
+			}
+			c.mu.Lock()
+			c.failLocked(&kindError{ErrTransport, fmt.Errorf("the receives were flushed: the QP is in the error state")})
+			c.mu.Unlock()
+			c.disconnect()
+			return
+		case wc.Status != verbs.WCSuccess:
+			c.mu.Lock()
+			c.failLocked(&kindError{ErrTransport, fmt.Errorf("a receive failed: %w", err)})
+			c.mu.Unlock()
+			c.disconnect()
+			return
+		case errors.Is(err, rdmacm.ErrEnded):
+			c.mu.Lock()
+			c.broadcastLocked()
+			c.mu.Unlock()
+			return
+		case ctx.Err() != nil:
+			continue // woken for a CREDIT frame
+		default:
+			c.mu.Lock()
+			c.failLocked(&kindError{ErrTransport, fmt.Errorf("wait for receives: %w", err)})
+			c.mu.Unlock()
+			c.disconnect()
+			return
+		}
+	}
+}
+
+// flushedByEnd tells whether receives were flushed because the connection
+// ended (rdmacm moves the QP to the error state just before it reports the
+// end, and siw flushes at once) rather than because a send failed here.
+func (c *Conn) flushedByEnd() bool {
+	if c.rc.Err() != nil {
+		return true
+	}
+	c.mu.Lock()
+	c.reapLocked()
+	failed := c.failed != nil
+	c.mu.Unlock()
+	if failed {
+		return false
+	}
+	t := time.NewTimer(c.closeTimeout)
+	defer t.Stop()
+	select {
+	case <-c.rc.Done():
+		return true
+	case <-t.C:
+	case <-c.loopCtx.Done():
+	}
+	return false
+}
+
+// disconnect ends the connection underneath after a failure, so that the
+// peer learns of it.
+func (c *Conn) disconnect() {
+	ctx, cancel := context.WithTimeout(c.loopCtx, c.closeTimeout)
+	defer cancel()
+	c.rc.Disconnect(ctx)
+}
+
+// handle checks one received frame and acts on it.
+func (c *Conn) handle(wc verbs.WorkCompletion) error {
+	if wc.ID >= uint64(c.nRecv) {
+		return fmt.Errorf("a receive completion for buffer %d, of %d (a receive posted outside this package?)", wc.ID, c.nRecv)
+	}
+	idx := int(wc.ID)
+	off := idx * c.recvSize
+	if int(wc.ByteLen) > c.recvSize {
+		return fmt.Errorf("a %d-byte frame, larger than the %d-byte receive buffer", wc.ByteLen, c.recvSize)
+	}
+	end := off + int(wc.ByteLen)
+	b := c.recvMR.Bytes()[off:end:end]
+	h, payload, err := decodeFrame(b, c.max)
+	if err != nil {
+		return err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err := c.led.incoming(h); err != nil {
+		return err
+	}
+	switch {
+	case h.typ == frameHello && c.peerReady:
+		return errors.New("a HELLO frame once the connection was set up (only the dialer sends one, first)")
+	case h.typ != frameHello && !c.peerReady:
+		return fmt.Errorf("a %v frame before its HELLO", h.typ)
+	case h.typ == frameData && c.peerFin, h.typ == frameFin && c.peerFin:
+		return fmt.Errorf("a %v frame after its FIN", h.typ)
+	}
+	switch h.typ {
+	case frameHello:
+		c.peerReady = true
+		c.released = append(c.released, idx)
+	case frameFin:
+		c.peerFin = true
+		c.released = append(c.released, idx)
+	case frameData:
+		c.queue = append(c.queue, &Message{c: c, idx: idx, b: payload})
+	case frameCredit:
+		// Posted again at once, before this side can give the slot again.
+		if !c.closed && c.failed == nil {
+			if err := c.qp.PostRecv(verbs.RecvWR{ID: uint64(idx), SGEs: []verbs.SGE{c.recvMR.SGE(off, c.recvSize)}}); err != nil &&
+				c.rc.Err() == nil {
+				c.failLocked(&kindError{ErrTransport, fmt.Errorf("post a receive buffer again: %w", err)})
+			}
+		}
+	}
+	c.broadcastLocked()
+	return nil
+}
+
+// housekeep posts released buffers and sends a CREDIT frame when the peer
+// should hear of them. It fails only when it cannot go on.
+func (c *Conn) housekeep() error {
+	c.mu.Lock()
+	for {
+		if c.closed || c.failed != nil || c.rc.Err() != nil {
+			c.mu.Unlock()
+			return nil
+		}
+		c.flushLocked(false)
+		if !c.led.wantCredit() || !c.led.canSendCredit() {
+			c.mu.Unlock()
+			return nil
+		}
+		if len(c.freeCtl) == 0 {
+			c.reapLocked()
+		}
+		if len(c.freeCtl) == 0 {
+			c.mu.Unlock()
+			c.scqMu.Lock()
+			err := c.reapWait(c.loopCtx)
+			c.scqMu.Unlock()
+			if err != nil {
+				return err
+			}
+			c.mu.Lock()
+			continue
+		}
+		slot := c.freeCtl[len(c.freeCtl)-1]
+		c.freeCtl = c.freeCtl[:len(c.freeCtl)-1]
+		h := c.led.outgoing(frameCredit)
+		if err := c.postLocked(ctlID|uint64(slot), (c.nSend+slot)*c.sendSize, h, nil); err != nil {
+			c.mu.Unlock()
+			return err
+		}
+	}
+}
+
+// Close ends the connection: it tells the peer no more messages follow
+// (its Recv returns io.EOF), waits for the messages in flight to reach it,
+// both within Config.CloseTimeout, and then disconnects and releases
+// everything: the QP, the buffers (messages not yet released included) and
+// the goroutine. Calls waiting in other goroutines return with ErrClosed.
+func (c *Conn) Close() error {
+	c.closeOnce.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), c.closeTimeout)
+		defer cancel()
+		c.mu.Lock()
+		fin := !c.finSent && c.failed == nil && c.rc.Err() == nil
+		c.mu.Unlock()
+		if fin {
+			c.sendFrame(ctx, "close", frameFin, nil)
+		}
+		c.drain(ctx)
+		c.mu.Lock()
+		c.closed = true
+		c.broadcastLocked()
+		c.mu.Unlock()
+		c.loopStop()
+		<-c.loopDone
+		c.scqMu.Lock()
+		defer c.scqMu.Unlock()
+		if err := c.rc.Close(); err != nil {
+			c.closeErr = c.opError("close", err)
+		}
+	})
+	return c.closeErr
+}
+
+// drain waits until every send has completed, the connection failed, or
+// ctx ends.
+func (c *Conn) drain(ctx context.Context) {
+	for ctx.Err() == nil {
+		c.mu.Lock()
+		busy := len(c.freeSend) < c.nSend || len(c.freeCtl) < replySlots
+		dead := c.failed != nil || c.rc.Err() != nil
+		c.mu.Unlock()
+		if !busy || dead {
+			return
+		}
+		c.scqMu.Lock()
+		err := c.reapWait(ctx)
+		c.scqMu.Unlock()
+		if err != nil {
+			return
+		}
+	}
+}

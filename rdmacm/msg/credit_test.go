@@ -1,0 +1,203 @@
+package msg
+
+import (
+	"math/rand/v2"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// side is one end of a simulated connection: the ledger and what Conn
+// does around it, with receive buffers counted instead of posted.
+type side struct {
+	t        *testing.T
+	name     string
+	led      ledger
+	posted   int // receive buffers posted and not yet consumed
+	held     int // messages the application holds
+	released int // released, not yet posted again
+	wire     *[]header
+	sentData int
+	gotData  int
+	credits  int // CREDIT frames sent
+}
+
+func newPair(t *testing.T, a, b hello) (*side, *side) {
+	var ab, ba []header
+	x := &side{t: t, name: "A", led: newLedger(a, b), posted: int(a.credits) + int(a.replySlots), wire: &ab}
+	y := &side{t: t, name: "B", led: newLedger(b, a), posted: int(b.credits) + int(b.replySlots), wire: &ba}
+	return x, y
+}
+
+func (s *side) flush(force bool) {
+	if s.released == 0 || (!force && uint32(s.released) < s.led.batch() && !s.led.starving()) {
+		return
+	}
+	s.posted += s.released
+	s.led.reposted(s.released)
+	s.released = 0
+}
+
+func (s *side) sendData() bool {
+	if !s.led.canSend() {
+		return false
+	}
+	s.flush(true)
+	*s.wire = append(*s.wire, s.led.outgoing(frameData))
+	s.sentData++
+	return true
+}
+
+func (s *side) housekeep() {
+	s.flush(false)
+	for s.led.wantCredit() && s.led.canSendCredit() {
+		*s.wire = append(*s.wire, s.led.outgoing(frameCredit))
+		s.credits++
+	}
+}
+
+// deliver takes the oldest frame from the peer's wire.
+func (s *side) deliver(peer *side) bool {
+	w := peer.wire
+	if len(*w) == 0 {
+		return false
+	}
+	h := (*w)[0]
+	*w = (*w)[1:]
+	require.Positive(s.t, s.posted, "%s: a frame arrived with no receive buffer posted (receiver not ready)", s.name)
+	s.posted--
+	require.NoError(s.t, s.led.incoming(h), "%s", s.name)
+	if h.typ == frameCredit {
+		s.posted++
+	} else {
+		s.held++
+		s.gotData++
+	}
+	s.housekeep()
+	return true
+}
+
+func (s *side) release(n int) {
+	n = min(n, s.held)
+	s.held -= n
+	s.released += n
+	s.flush(false)
+	s.housekeep()
+}
+
+// Random traffic both ways, with applications that hold messages for a
+// while: a frame never finds the receive queue empty, and whenever every
+// message is released, sending goes on.
+func TestLedgerNeverOverrunsAndNeverStalls(t *testing.T) {
+	for seed := range uint64(64) {
+		r := rand.New(rand.NewPCG(seed, 1))
+		ha := hello{version: 1, replySlots: uint16(1 + r.IntN(4)), credits: uint32(1 + r.IntN(40)), maxMessage: 1}
+		hb := hello{version: 1, replySlots: uint16(1 + r.IntN(4)), credits: uint32(1 + r.IntN(40)), maxMessage: 1}
+		a, b := newPair(t, ha, hb)
+		for step := 0; step < 4000; step++ {
+			switch r.IntN(6) {
+			case 0:
+				a.sendData()
+			case 1:
+				b.sendData()
+			case 2:
+				a.deliver(b)
+			case 3:
+				b.deliver(a)
+			case 4:
+				a.release(r.IntN(3))
+			case 5:
+				b.release(r.IntN(3))
+			}
+		}
+		// Drain: the applications release everything; then each side
+		// must be able to send again.
+		for range 1000 {
+			a.release(a.held)
+			b.release(b.held)
+			if !a.deliver(b) && !b.deliver(a) {
+				break
+			}
+		}
+		assert.True(t, a.sendData(), "seed %d: A stalled with every message released (%+v)", seed, a.led)
+		assert.True(t, b.sendData(), "seed %d: B stalled with every message released (%+v)", seed, b.led)
+		if t.Failed() {
+			return
+		}
+	}
+}
+
+// One way only, a receiver that releases one message at a time: the grants
+// must come back in CREDIT frames, in batches, and the sender must never
+// wait while the receiver holds nothing.
+func TestLedgerOneWay(t *testing.T) {
+	a, b := newPair(t, hello{version: 1, replySlots: 4, credits: 32, maxMessage: 1},
+		hello{version: 1, replySlots: 4, credits: 32, maxMessage: 1})
+	const n = 10000
+	for a.sentData < n {
+		if !a.sendData() {
+			require.True(t, b.deliver(a) || b.held > 0, "A waits for credit with nothing in flight and nothing held (%+v)", b.led)
+		}
+		for b.deliver(a) {
+			b.release(1)
+		}
+		for a.deliver(b) {
+		}
+	}
+	assert.Equal(t, n, b.gotData)
+	assert.Less(t, b.credits, n/4, "grants go back in batches, not one CREDIT frame per message")
+	assert.Zero(t, a.credits, "the sender sends no CREDIT frames: it was granted nothing")
+}
+
+// A receiver that holds every message: the sender stops after the credits,
+// and goes on when they are released.
+func TestLedgerBackpressure(t *testing.T) {
+	a, b := newPair(t, hello{version: 1, replySlots: 2, credits: 8, maxMessage: 1},
+		hello{version: 1, replySlots: 2, credits: 8, maxMessage: 1})
+	for a.sendData() {
+	}
+	assert.Equal(t, 8, a.sentData, "exactly the peer's credits")
+	for b.deliver(a) {
+	}
+	for a.deliver(b) {
+	}
+	assert.False(t, a.sendData(), "nothing released, no credit")
+	b.release(1)
+	for a.deliver(b) {
+	}
+	assert.True(t, a.sendData(), "a single release reaches a starved sender at once")
+}
+
+// Frames that break the flow control are refused with what the peer did.
+func TestLedgerRefuses(t *testing.T) {
+	h := hello{version: 1, replySlots: 2, credits: 2, maxMessage: 1}
+	fresh := func() *ledger { l := newLedger(h, h); return &l }
+
+	l := fresh()
+	require.NoError(t, l.incoming(header{typ: frameData, grant: 2}))
+	require.NoError(t, l.incoming(header{typ: frameData, grant: 2}))
+	err := l.incoming(header{typ: frameData, grant: 2})
+	assert.ErrorContains(t, err, "a DATA frame without credit: 3 credit-using frames arrived, 2 were granted")
+
+	l = fresh()
+	assert.ErrorContains(t, l.incoming(header{typ: frameCredit, grant: 2}), "a CREDIT frame without a reply slot")
+
+	l = fresh()
+	assert.ErrorContains(t, l.incoming(header{typ: frameData, grant: 1}), "grant 1 goes back from 2")
+
+	l = fresh()
+	assert.ErrorContains(t, l.incoming(header{typ: frameData, grant: 3}), "granting 3 credits beyond what this side sent, more than the 2 buffers")
+
+	l = fresh()
+	require.NoError(t, l.incoming(header{typ: frameData, grant: 2, flags: flagSlot}))
+	require.NoError(t, l.incoming(header{typ: frameData, grant: 2, flags: flagSlot}))
+	l.reposted(1)
+	l.outgoing(frameData) // announces one more credit
+	assert.ErrorContains(t, l.incoming(header{typ: frameFin, grant: 2, flags: flagSlot}), "giving a reply slot beyond the 2 it announced")
+
+	// Counters wrap: a connection past 2^32 frames goes on.
+	l = fresh()
+	l.announced, l.received, l.granted = 1, 0xffffffff, 1
+	assert.NoError(t, l.incoming(header{typ: frameData, grant: 2}))
+}

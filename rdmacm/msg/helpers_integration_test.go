@@ -1,0 +1,217 @@
+//go:build integration
+
+package msg
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/rdmago/rdmago/rdmacm"
+	"github.com/rdmago/rdmago/test/testbed"
+)
+
+// device is an RDMA device of the test bed and the address to connect to
+// it over (a connection from the device to itself).
+type device struct {
+	name, addr string
+	iwarp      bool
+}
+
+func rxe(t testing.TB) device {
+	d := testbed.Require(t).MustDevice(t, "rxe0")
+	return device{name: d.Name, addr: d.IPv4}
+}
+
+func siw(t testing.TB) device {
+	d := testbed.Require(t).MustDevice(t, "siw0")
+	return device{name: d.Name, addr: d.IPv4, iwarp: true}
+}
+
+// forEachDevice runs f on rxe (RoCE) and siw (iWARP).
+func forEachDevice(t *testing.T, f func(t *testing.T, d device)) {
+	for _, d := range []device{rxe(t), siw(t)} {
+		t.Run(d.name, func(t *testing.T) { f(t, d) })
+	}
+}
+
+var nextPort = 19000 + os.Getpid()%1000*10
+
+func port() int {
+	nextPort++
+	return nextPort
+}
+
+func (d device) at(port int) string { return fmt.Sprintf("%s:%d", d.addr, port) }
+
+func TestMain(m *testing.M) {
+	if addr := os.Getenv("MSG_TEST_PEER"); addr != "" {
+		peerMain(addr)
+		return
+	}
+	if top, err := testbed.Load(); err == nil {
+		// librdmacm opens every device on first use and keeps them for
+		// the life of the process: not a leak of the first test's.
+		rdmacm.OpenDevice("rxe0")
+		for _, name := range []string{"rxe0", "siw0"} {
+			if d, err := top.Device(name); err == nil {
+				warmUp(d.IPv4)
+			}
+		}
+	}
+	os.Exit(m.Run())
+}
+
+// warmUp connects once, so that what librdmacm keeps from a first
+// connection is there before any leak check counts.
+func warmUp(addr string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	l, err := Listen(ctx, nil, addr+":18999", nil)
+	if err != nil {
+		return
+	}
+	defer l.Close()
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		if c, err := l.Accept(ctx); err == nil {
+			c.Recv(ctx)
+			c.Close()
+		}
+	}()
+	if c, err := Dial(ctx, nil, addr+":18999", nil); err == nil {
+		c.Close()
+	} else {
+		l.Close()
+	}
+	<-served
+}
+
+// checkNoLeaks asserts, at the end of the test, that every cm_id, QP, CQ,
+// MR and PD, every descriptor and every goroutine the test made is gone.
+// (As package rdmacm's tests count them.)
+func checkNoLeaks(t *testing.T) {
+	t.Helper()
+	objects, fds, goroutines := kernelObjects(t), openFDs(t), len(goroutineDump())
+	t.Cleanup(func() {
+		if t.Failed() {
+			return
+		}
+		deadline := time.Now().Add(5 * time.Second)
+		var dump [][]byte
+		for {
+			dump = goroutineDump()
+			if len(dump) <= goroutines || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		assert.Equal(t, objects, kernelObjects(t), "cm_ids, QPs, CQs, MRs and PDs released")
+		assert.Equal(t, fds, openFDs(t), "file descriptors released")
+		if len(dump) > goroutines {
+			t.Errorf("%d goroutines before, %d after:\n%s", goroutines, len(dump), bytes.Join(dump, []byte("\n\n")))
+		}
+	})
+}
+
+func kernelObjects(t *testing.T) map[string]int {
+	t.Helper()
+	counts, err := testbed.Objects()
+	require.NoError(t, err)
+	return counts
+}
+
+func openFDs(t *testing.T) int {
+	ents, err := os.ReadDir("/proc/self/fd")
+	require.NoError(t, err)
+	return len(ents)
+}
+
+func goroutineDump() [][]byte {
+	buf := make([]byte, 1<<16)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			return bytes.Split(bytes.TrimSpace(buf[:n]), []byte("\n\n"))
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+}
+
+func ctxFor(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// listen listens on a fresh port of d until the test ends.
+func listen(t *testing.T, d device, cfg *Config) (*Listener, string) {
+	t.Helper()
+	addr := d.at(port())
+	l, err := Listen(ctxFor(t, 5*time.Second), nil, addr, cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { l.Close() })
+	return l, addr
+}
+
+// pair connects a dialer to a listener on d and returns both ends, closed
+// when the test ends.
+func pair(t *testing.T, d device, dialCfg, listenCfg *Config) (client, server *Conn) {
+	t.Helper()
+	ctx := ctxFor(t, 20*time.Second)
+	l, addr := listen(t, d, listenCfg)
+	type result struct {
+		c   *Conn
+		err error
+	}
+	accepted := make(chan result, 1)
+	go func() {
+		c, err := l.Accept(ctx)
+		accepted <- result{c, err}
+	}()
+	client, err := Dial(ctx, nil, addr, dialCfg)
+	require.NoError(t, err)
+	r := <-accepted
+	require.NoError(t, r.err)
+	t.Cleanup(func() {
+		assert.NoError(t, client.Close())
+		assert.NoError(t, r.c.Close())
+	})
+	return client, r.c
+}
+
+// rnrCounters reads the device's counters about receiver-not-ready (RNR
+// NAKs sent and received, RNR retries exceeded), those that exist: rxe has
+// them under hw_counters, siw (which has no RNR: iWARP ends the
+// connection instead) has none.
+func rnrCounters(t *testing.T, dev string) map[string]uint64 {
+	t.Helper()
+	dir := filepath.Join("/sys/class/infiniband", dev, "ports/1/hw_counters")
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil
+	}
+	counts := map[string]uint64{}
+	for _, e := range ents {
+		if !strings.Contains(e.Name(), "rnr") {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		require.NoError(t, err)
+		n, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
+		require.NoError(t, err)
+		counts[e.Name()] = n
+	}
+	return counts
+}

@@ -1,0 +1,352 @@
+// Package stream is a net.Conn and a net.Listener over the message
+// transport of package github.com/rdmago/rdmago/rdmacm/msg: a byte stream
+// on RDMA (RoCE, iWARP) for code written against package net.
+//
+// Write splits its bytes into messages of the connection's maximum size;
+// Read hands them out, copying from the registered receive buffer straight
+// into the caller's slice. Deadlines interrupt blocked calls with
+// os.ErrDeadlineExceeded; Close sends what was written, tells the peer
+// (its Read returns io.EOF) and disconnects, bounded by
+// msg.Config.CloseTimeout when the peer is gone; CloseWrite half-closes.
+// A peer whose process exits is noticed at once (its kernel disconnects);
+// there is no keepalive, so a peer that vanishes silently (its host, or
+// the link) shows only when a write fails: set deadlines.
+//
+//	l, _ := stream.Listen(ctx, nil, "10.0.0.1:7471", nil)
+//	go http.Serve(l, handler)
+//	var d stream.Dialer
+//	c, _ := d.DialContext(ctx, "rdma", "10.0.0.1:7471")
+package stream
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/rdmago/rdmago/rdmacm"
+	"github.com/rdmago/rdmago/rdmacm/msg"
+)
+
+// Network is the network name of the addresses here.
+const Network = "rdma"
+
+// Addr is an RDMA endpoint's IP address and port (rdma_cm's port space
+// for reliable connections).
+type Addr struct{ netip.AddrPort }
+
+// Network is "rdma".
+func (a Addr) Network() string { return Network }
+
+// Conn is a net.Conn over a message connection.
+type Conn struct {
+	c             *msg.Conn
+	local, remote Addr
+
+	// closeCtx is the parent of every deadline's context: Close cancels
+	// it, which wakes every blocked call.
+	closeCtx    context.Context
+	closeCancel context.CancelFunc
+	rd, wd      deadline
+
+	rmu sync.Mutex // one Read at a time; Close takes it before the buffers go
+	cur *msg.Message
+	off int
+	wmu sync.Mutex // one Write at a time, so that writes do not interleave
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// New makes a net.Conn of a message connection, which it then owns.
+func New(c *msg.Conn) *Conn {
+	s := &Conn{c: c, local: Addr{c.LocalAddr()}, remote: Addr{c.RemoteAddr()}}
+	s.closeCtx, s.closeCancel = context.WithCancel(context.Background())
+	s.rd.init(s.closeCtx)
+	s.wd.init(s.closeCtx)
+	return s
+}
+
+// Msg is the message connection underneath.
+func (s *Conn) Msg() *msg.Conn { return s.c }
+
+func (s *Conn) LocalAddr() net.Addr  { return s.local }
+func (s *Conn) RemoteAddr() net.Addr { return s.remote }
+
+func (s *Conn) opError(op string, err error) error {
+	return &net.OpError{Op: op, Net: Network, Source: s.local, Addr: s.remote, Err: err}
+}
+
+// ioError turns an error of package msg into Read's or Write's, given the
+// deadline the call waited under.
+func (s *Conn) ioError(op string, err error, d *deadline) error {
+	switch {
+	case s.closeCtx.Err() != nil || errors.Is(err, msg.ErrClosed):
+		return s.opError(op, net.ErrClosed)
+	case d.expired():
+		return s.opError(op, os.ErrDeadlineExceeded)
+	}
+	return s.opError(op, err)
+}
+
+// Read reads what the peer wrote, waiting until something arrives, the
+// read deadline passes, or the connection ends. After the peer's Close or
+// CloseWrite and everything written before it, Read returns io.EOF.
+func (s *Conn) Read(p []byte) (int, error) {
+	if s.closeCtx.Err() != nil { // without waiting for a Close under way
+		return 0, s.opError("read", net.ErrClosed)
+	}
+	s.rmu.Lock()
+	defer s.rmu.Unlock()
+	for {
+		if s.closeCtx.Err() != nil {
+			return 0, s.opError("read", net.ErrClosed)
+		}
+		ctx := s.rd.context()
+		if ctx.Err() != nil && s.rd.expired() {
+			return 0, s.opError("read", os.ErrDeadlineExceeded)
+		}
+		if len(p) == 0 {
+			return 0, nil
+		}
+		if s.cur != nil {
+			b := s.cur.Bytes()
+			n := copy(p, b[s.off:])
+			s.off += n
+			if s.off == len(b) {
+				s.cur.Release()
+				s.cur, s.off = nil, 0
+			}
+			return n, nil
+		}
+		m, err := s.c.Recv(ctx)
+		switch {
+		case err == nil:
+			if len(m.Bytes()) == 0 {
+				m.Release()
+				continue
+			}
+			s.cur = m
+			continue
+		case err == io.EOF:
+			return 0, io.EOF
+		case ctx.Err() != nil && !s.rd.expired() && s.closeCtx.Err() == nil:
+			continue // the deadline moved: wait under the new one
+		}
+		return 0, s.ioError("read", err, &s.rd)
+	}
+}
+
+// Write sends p, split into messages of at most the connection's maximum
+// size, waiting while the peer has no room (its reader is behind) until
+// the write deadline passes or the connection ends. It returns how much was
+// sent and, if not all, why.
+func (s *Conn) Write(p []byte) (int, error) {
+	if s.closeCtx.Err() != nil {
+		return 0, s.opError("write", net.ErrClosed)
+	}
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	max := s.c.MaxMessageSize()
+	n := 0
+	for {
+		if s.closeCtx.Err() != nil {
+			return n, s.opError("write", net.ErrClosed)
+		}
+		ctx := s.wd.context()
+		if ctx.Err() != nil && s.wd.expired() {
+			return n, s.opError("write", os.ErrDeadlineExceeded)
+		}
+		if n == len(p) {
+			return n, nil
+		}
+		chunk := p[n:min(len(p), n+max)]
+		err := s.c.Send(ctx, chunk)
+		switch {
+		case err == nil:
+			n += len(chunk)
+			continue
+		case ctx.Err() != nil && !s.wd.expired() && s.closeCtx.Err() == nil:
+			continue
+		}
+		return n, s.ioError("write", err, &s.wd)
+	}
+}
+
+// CloseWrite tells the peer that nothing more will be written: its Read
+// returns io.EOF once it has read everything before. Reading goes on.
+func (s *Conn) CloseWrite() error {
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	if s.closeCtx.Err() != nil {
+		return s.opError("close write", net.ErrClosed)
+	}
+	if err := s.c.CloseSend(s.wd.context()); err != nil {
+		return s.ioError("close write", err, &s.wd)
+	}
+	return nil
+}
+
+// Close sends what was written and the end of the stream to the peer, then
+// disconnects and releases the connection; a peer that does not take them
+// within msg.Config.CloseTimeout does not hold it up. Blocked Reads and
+// Writes return net.ErrClosed.
+func (s *Conn) Close() error {
+	s.closeOnce.Do(func() {
+		s.closeCancel()
+		// Blocked calls return now; once they have, no one touches the
+		// receive buffers that Close unmaps.
+		s.rmu.Lock()
+		s.wmu.Lock()
+		s.cur = nil
+		s.rd.stop()
+		s.wd.stop()
+		if err := s.c.Close(); err != nil {
+			s.closeErr = s.opError("close", err)
+		}
+		s.wmu.Unlock()
+		s.rmu.Unlock()
+	})
+	return s.closeErr
+}
+
+func (s *Conn) SetDeadline(t time.Time) error {
+	s.rd.set(t)
+	s.wd.set(t)
+	return nil
+}
+
+func (s *Conn) SetReadDeadline(t time.Time) error  { s.rd.set(t); return nil }
+func (s *Conn) SetWriteDeadline(t time.Time) error { s.wd.set(t); return nil }
+
+// deadline is one direction's deadline as a context: setting it cancels
+// the context a blocked call waits under, which then looks again.
+type deadline struct {
+	mu     sync.Mutex
+	parent context.Context
+	t      time.Time
+	ctx    context.Context
+	cancel context.CancelFunc
+}
+
+func (d *deadline) init(parent context.Context) {
+	d.parent = parent
+	d.ctx, d.cancel = context.WithCancel(parent)
+}
+
+func (d *deadline) set(t time.Time) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.cancel()
+	d.t = t
+	if t.IsZero() {
+		d.ctx, d.cancel = context.WithCancel(d.parent)
+	} else {
+		d.ctx, d.cancel = context.WithDeadline(d.parent, t)
+	}
+}
+
+func (d *deadline) context() context.Context {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.ctx
+}
+
+// expired reports whether the deadline is set and has passed.
+func (d *deadline) expired() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return !d.t.IsZero() && !time.Now().Before(d.t)
+}
+
+func (d *deadline) stop() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.cancel()
+}
+
+// Dialer dials stream connections. Its zero value is ready to use.
+type Dialer struct {
+	// RDMA is the dialer of the connection underneath (its PrivateData
+	// must be empty: the message hello rides there).
+	RDMA rdmacm.Dialer
+	// Config sizes the message connection.
+	Config msg.Config
+}
+
+// DialContext connects to the stream listener at address. network may be
+// "rdma", or "tcp", "tcp4" or "tcp6" for code that passes those through
+// (http.Transport.DialContext, grpc.WithContextDialer).
+func (d *Dialer) DialContext(ctx context.Context, network, address string) (net.Conn, error) {
+	switch network {
+	case Network, "tcp", "tcp4", "tcp6", "":
+	default:
+		return nil, &net.OpError{Op: "dial", Net: network, Err: net.UnknownNetworkError(network)}
+	}
+	c, err := msg.Dial(ctx, &d.RDMA, address, &d.Config)
+	if err != nil {
+		return nil, &net.OpError{Op: "dial", Net: Network, Err: err}
+	}
+	return New(c), nil
+}
+
+// Dial connects to the stream listener at address with the zero Dialer.
+func Dial(ctx context.Context, address string) (net.Conn, error) {
+	var d Dialer
+	return d.DialContext(ctx, Network, address)
+}
+
+// Listener is a net.Listener of stream connections.
+type Listener struct {
+	l           *msg.Listener
+	addr        Addr
+	closeCtx    context.Context
+	closeCancel context.CancelFunc
+}
+
+// Listen listens for stream connections at address through lc (nil: the
+// zero rdmacm.ListenConfig), with message connections sized by cfg (nil:
+// the defaults).
+func Listen(ctx context.Context, lc *rdmacm.ListenConfig, address string, cfg *msg.Config) (*Listener, error) {
+	l, err := msg.Listen(ctx, lc, address, cfg)
+	if err != nil {
+		return nil, &net.OpError{Op: "listen", Net: Network, Err: err}
+	}
+	s := &Listener{l: l, addr: Addr{l.Addr()}}
+	s.closeCtx, s.closeCancel = context.WithCancel(context.Background())
+	return s, nil
+}
+
+// Accept waits for the next connection. A dialer whose handshake fails is
+// passed over; Accept returns an error only once the listener is closed or
+// broken.
+func (l *Listener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.l.Accept(l.closeCtx)
+		if err == nil {
+			return New(c), nil
+		}
+		if l.closeCtx.Err() != nil {
+			return nil, &net.OpError{Op: "accept", Net: Network, Addr: l.addr, Err: net.ErrClosed}
+		}
+		// One dialer's failed handshake names that dialer: the listener
+		// goes on. Anything else is the listener's own failure.
+		var oe *msg.OpError
+		if !errors.As(err, &oe) || !oe.Remote.IsValid() {
+			return nil, &net.OpError{Op: "accept", Net: Network, Addr: l.addr, Err: err}
+		}
+	}
+}
+
+// Close stops listening; a blocked Accept returns net.ErrClosed.
+func (l *Listener) Close() error {
+	l.closeCancel()
+	return l.l.Close()
+}
+
+// Addr is the address the listener is bound to.
+func (l *Listener) Addr() net.Addr { return l.addr }

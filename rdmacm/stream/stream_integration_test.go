@@ -1,0 +1,385 @@
+//go:build integration
+
+package stream
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"os"
+	"os/exec"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/net/nettest"
+
+	"github.com/rdmago/rdmago/rdmacm"
+	"github.com/rdmago/rdmago/rdmacm/msg"
+	"github.com/rdmago/rdmago/test/testbed"
+)
+
+type device struct{ name, addr string }
+
+// forEachDevice runs f on rxe (RoCE) and siw (iWARP).
+func forEachDevice(t *testing.T, f func(t *testing.T, d device)) {
+	top := testbed.Require(t)
+	for _, name := range []string{"rxe0", "siw0"} {
+		d := top.MustDevice(t, name)
+		t.Run(name, func(t *testing.T) { f(t, device{d.Name, d.IPv4}) })
+	}
+}
+
+var nextPort = 29000 + os.Getpid()%1000*10
+
+func (d device) next() string {
+	nextPort++
+	return fmt.Sprintf("%s:%d", d.addr, nextPort)
+}
+
+func TestMain(m *testing.M) {
+	if addr := os.Getenv("STREAM_TEST_PEER"); addr != "" {
+		peerMain(addr)
+		return
+	}
+	if top, err := testbed.Load(); err == nil {
+		// librdmacm keeps what a first connection opens for the life of
+		// the process: not a leak of the first test's.
+		rdmacm.OpenDevice("rxe0")
+		for _, name := range []string{"rxe0", "siw0"} {
+			if d, err := top.Device(name); err == nil {
+				c1, c2, stop, err := pipe(device{d.Name, d.IPv4}, nil)()
+				if err == nil {
+					c1.Close()
+					c2.Close()
+					stop()
+				}
+			}
+		}
+	}
+	os.Exit(m.Run())
+}
+
+// pipe makes connected pairs on d, for nettest.
+func pipe(d device, cfg *msg.Config) nettest.MakePipe {
+	return func() (net.Conn, net.Conn, func(), error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		l, err := Listen(ctx, nil, d.next(), cfg)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		type result struct {
+			c   net.Conn
+			err error
+		}
+		accepted := make(chan result, 1)
+		go func() {
+			c, err := l.Accept()
+			accepted <- result{c, err}
+		}()
+		dl := Dialer{}
+		if cfg != nil {
+			dl.Config = *cfg
+		}
+		c1, err := dl.DialContext(ctx, "rdma", l.Addr().String())
+		if err != nil {
+			l.Close()
+			<-accepted
+			return nil, nil, nil, err
+		}
+		r := <-accepted
+		if r.err != nil {
+			c1.Close()
+			l.Close()
+			return nil, nil, nil, r.err
+		}
+		stop := func() {
+			c1.Close()
+			r.c.Close()
+			l.Close()
+		}
+		return c1, r.c, stop, nil
+	}
+}
+
+// checkNoLeaks asserts, at the end of the test, that every cm_id, QP, CQ,
+// MR and PD, every descriptor and every goroutine the test made is gone.
+// Goroutines are counted in the dump shown on failure, as package rdmacm's
+// tests do: runtime.NumGoroutine read apart from it can disagree.
+func checkNoLeaks(t *testing.T) {
+	t.Helper()
+	objects, err := testbed.Objects()
+	require.NoError(t, err)
+	fds, goroutines := openFDs(t), len(goroutineDump())
+	t.Cleanup(func() {
+		if t.Failed() {
+			return
+		}
+		deadline := time.Now().Add(5 * time.Second)
+		var dump [][]byte
+		for {
+			dump = goroutineDump()
+			if len(dump) <= goroutines || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		after, err := testbed.Objects()
+		require.NoError(t, err)
+		assert.Equal(t, objects, after, "cm_ids, QPs, CQs, MRs and PDs released")
+		assert.Equal(t, fds, openFDs(t), "file descriptors released")
+		if len(dump) > goroutines {
+			t.Errorf("%d goroutines before, %d after:\n%s", goroutines, len(dump), bytes.Join(dump, []byte("\n\n")))
+		}
+	})
+}
+
+func goroutineDump() [][]byte {
+	buf := make([]byte, 1<<16)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			return bytes.Split(bytes.TrimSpace(buf[:n]), []byte("\n\n"))
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+}
+
+func openFDs(t *testing.T) int {
+	ents, err := os.ReadDir("/proc/self/fd")
+	require.NoError(t, err)
+	return len(ents)
+}
+
+// The standard conformance suite for a net.Conn: basic I/O, ping-pong,
+// racy reads and writes, deadlines past, present and future, Close
+// unblocking calls, concurrent methods.
+func TestNettest(t *testing.T) {
+	forEachDevice(t, func(t *testing.T, d device) {
+		checkNoLeaks(t)
+		nettest.TestConn(t, pipe(d, nil))
+	})
+}
+
+func connPair(t *testing.T, d device, cfg *msg.Config) (net.Conn, net.Conn) {
+	t.Helper()
+	c1, c2, stop, err := pipe(d, cfg)()
+	require.NoError(t, err)
+	t.Cleanup(stop)
+	return c1, c2
+}
+
+// Writes far larger than a message arrive whole, both ways at once.
+func TestLargeWrites(t *testing.T) {
+	forEachDevice(t, func(t *testing.T, d device) {
+		checkNoLeaks(t)
+		c1, c2 := connPair(t, d, &msg.Config{MaxMessageSize: 8192})
+		data := make([]byte, 4<<20+123)
+		r := rand.New(rand.NewPCG(3, 4))
+		for i := range data {
+			data[i] = byte(r.Uint32())
+		}
+		want := sha256.Sum256(data)
+		errs := make(chan error, 2)
+		for _, c := range []net.Conn{c1, c2} {
+			go func() {
+				n, err := c.Write(data)
+				if err == nil && n != len(data) {
+					err = fmt.Errorf("wrote %d of %d", n, len(data))
+				}
+				errs <- err
+			}()
+		}
+		for _, c := range []net.Conn{c2, c1} {
+			got := make([]byte, len(data))
+			_, err := io.ReadFull(c, got)
+			require.NoError(t, err)
+			assert.Equal(t, want, sha256.Sum256(got))
+		}
+		require.NoError(t, <-errs)
+		require.NoError(t, <-errs)
+	})
+}
+
+// A deadline set while a Read or a Write is blocked interrupts it with
+// os.ErrDeadlineExceeded; one moved later lets it wait on; after a timeout
+// the connection still works.
+func TestDeadlinesInterruptBlockedCalls(t *testing.T) {
+	forEachDevice(t, func(t *testing.T, d device) {
+		checkNoLeaks(t)
+		c1, c2 := connPair(t, d, &msg.Config{Credits: 2, MaxMessageSize: 1024})
+
+		got := make(chan error, 1)
+		start := time.Now()
+		go func() {
+			_, err := c1.Read(make([]byte, 10))
+			got <- err
+		}()
+		time.Sleep(100 * time.Millisecond)
+		c1.SetReadDeadline(time.Now().Add(5 * time.Second)) // later: still waiting
+		time.Sleep(100 * time.Millisecond)
+		c1.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+		err := <-got
+		require.ErrorIs(t, err, os.ErrDeadlineExceeded)
+		var ne net.Error
+		require.True(t, errors.As(err, &ne) && ne.Timeout())
+		assert.Less(t, time.Since(start), 2*time.Second)
+
+		// A writer whose peer reads nothing blocks once the credits and
+		// the peer's buffers are used up; a past deadline wakes it.
+		wrote := make(chan error, 1)
+		go func() {
+			_, err := c1.Write(make([]byte, 1<<20))
+			wrote <- err
+		}()
+		time.Sleep(200 * time.Millisecond)
+		select {
+		case err := <-wrote:
+			t.Fatalf("a 1 MiB write to a peer with 2 KiB of room returned: %v", err)
+		default:
+		}
+		c1.SetWriteDeadline(time.Unix(1, 0))
+		require.ErrorIs(t, <-wrote, os.ErrDeadlineExceeded)
+
+		// Both directions still work once the deadlines are cleared.
+		c1.SetDeadline(time.Time{})
+		go io.Copy(io.Discard, c2)
+		_, err = c1.Write([]byte("still works"))
+		require.NoError(t, err)
+		_, err = c2.Write([]byte("back"))
+		require.NoError(t, err)
+		b := make([]byte, 4)
+		_, err = io.ReadFull(c1, b)
+		require.NoError(t, err)
+		assert.Equal(t, "back", string(b))
+	})
+}
+
+// CloseWrite half-closes: the peer reads io.EOF after the data, and can
+// still write back.
+func TestCloseWrite(t *testing.T) {
+	forEachDevice(t, func(t *testing.T, d device) {
+		checkNoLeaks(t)
+		c1, c2 := connPair(t, d, nil)
+		_, err := c1.Write([]byte("request"))
+		require.NoError(t, err)
+		require.NoError(t, c1.(*Conn).CloseWrite())
+		_, err = c1.Write([]byte("more"))
+		assert.ErrorIs(t, err, msg.ErrSendClosed)
+		b, err := io.ReadAll(c2)
+		require.NoError(t, err)
+		assert.Equal(t, "request", string(b))
+		_, err = c2.Write([]byte("response"))
+		require.NoError(t, err)
+		require.NoError(t, c2.Close())
+		b, err = io.ReadAll(c1)
+		require.NoError(t, err)
+		assert.Equal(t, "response", string(b))
+	})
+}
+
+// Close with a peer that reads nothing more: it gives up passing the rest
+// on after CloseTimeout and does not hang; the Listener's Accept returns
+// net.ErrClosed once closed.
+func TestCloseDoesNotHang(t *testing.T) {
+	forEachDevice(t, func(t *testing.T, d device) {
+		checkNoLeaks(t)
+		c1, _ := connPair(t, d, &msg.Config{Credits: 2, MaxMessageSize: 1024, CloseTimeout: 500 * time.Millisecond})
+		c1.SetWriteDeadline(time.Now().Add(300 * time.Millisecond))
+		_, err := c1.Write(make([]byte, 1<<20))
+		require.ErrorIs(t, err, os.ErrDeadlineExceeded)
+		start := time.Now()
+		c1.Close()
+		assert.Less(t, time.Since(start), 4*time.Second)
+		_, err = c1.Read(make([]byte, 1))
+		assert.ErrorIs(t, err, net.ErrClosed)
+
+		l, err := Listen(context.Background(), nil, d.next(), nil)
+		require.NoError(t, err)
+		accepted := make(chan error, 1)
+		go func() {
+			_, err := l.Accept()
+			accepted <- err
+		}()
+		time.Sleep(100 * time.Millisecond)
+		require.NoError(t, l.Close())
+		assert.ErrorIs(t, <-accepted, net.ErrClosed)
+	})
+}
+
+// peerMain is the peer process of TestPeerDeath: it dials, writes, says so,
+// and waits to be killed.
+func peerMain(addr string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	c, err := Dial(ctx, addr)
+	if err != nil {
+		fmt.Println("dial:", err)
+		os.Exit(1)
+	}
+	if _, err := c.Write([]byte("written before dying")); err != nil {
+		fmt.Println("write:", err)
+		os.Exit(1)
+	}
+	fmt.Println("written")
+	<-ctx.Done()
+}
+
+// A peer process that dies: what it wrote is read, then a blocked Read
+// fails (not io.EOF: the stream did not end in order), Writes fail, and
+// Close does not hang.
+func TestPeerDeath(t *testing.T) {
+	forEachDevice(t, func(t *testing.T, d device) {
+		checkNoLeaks(t)
+		l, err := Listen(context.Background(), nil, d.next(), nil)
+		require.NoError(t, err)
+		defer l.Close()
+		exe, err := os.Executable()
+		require.NoError(t, err)
+		cmd := exec.Command(exe, "-test.run=^$")
+		cmd.Env = append(os.Environ(), "STREAM_TEST_PEER="+l.Addr().String())
+		out, err := cmd.StdoutPipe()
+		require.NoError(t, err)
+		require.NoError(t, cmd.Start())
+		defer cmd.Wait()
+		defer cmd.Process.Kill()
+		c, err := l.Accept()
+		require.NoError(t, err)
+		defer c.Close()
+		line, err := bufio.NewReader(out).ReadString('\n')
+		require.NoError(t, err)
+		require.Equal(t, "written\n", line)
+		b := make([]byte, len("written before dying"))
+		_, err = io.ReadFull(c, b)
+		require.NoError(t, err)
+		assert.Equal(t, "written before dying", string(b))
+
+		c.SetDeadline(time.Now().Add(30 * time.Second))
+		readErr := make(chan error, 1)
+		go func() {
+			_, err := c.Read(b)
+			readErr <- err
+		}()
+		time.Sleep(100 * time.Millisecond)
+		require.NoError(t, cmd.Process.Kill())
+		err = <-readErr
+		require.Error(t, err)
+		assert.NotErrorIs(t, err, io.EOF)
+		assert.NotErrorIs(t, err, os.ErrDeadlineExceeded, "the death is noticed, not the deadline")
+		t.Logf("%s: Read after the peer died: %v", d.name, err)
+		_, err = c.Write([]byte("to no one"))
+		assert.Error(t, err)
+		start := time.Now()
+		c.Close()
+		assert.Less(t, time.Since(start), 5*time.Second)
+	})
+}
