@@ -37,9 +37,14 @@ type OpError struct {
 }
 
 func (e *OpError) Error() string {
-	s := "msg " + e.Op
-	if e.Local.IsValid() || e.Remote.IsValid() {
-		s += fmt.Sprintf(" %v->%v", e.Local, e.Remote)
+	s := "msg: " + e.Op
+	switch {
+	case e.Local.IsValid() && e.Remote.IsValid():
+		s += fmt.Sprintf(" %v -> %v", e.Local, e.Remote)
+	case e.Remote.IsValid():
+		s += fmt.Sprintf(" to %v", e.Remote)
+	case e.Local.IsValid():
+		s += fmt.Sprintf(" on %v", e.Local)
 	}
 	return s + ": " + e.Err.Error()
 }

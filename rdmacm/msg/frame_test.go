@@ -3,6 +3,8 @@ package msg
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
+	"net/netip"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -140,4 +142,16 @@ func FuzzDecodeFrame(f *testing.F) {
 			t.Fatalf("%x does not encode back the same", b)
 		}
 	})
+}
+
+// An error names the operation and the addresses it has, once: a dial
+// that has no local address yet says only where it went.
+func TestOpErrorNamesItsAddresses(t *testing.T) {
+	local, remote := netip.MustParseAddrPort("10.0.0.2:40000"), netip.MustParseAddrPort("10.0.0.1:7471")
+	cause := errors.New("refused")
+	assert.Equal(t, "msg: dial to 10.0.0.1:7471: refused", (&OpError{Op: "dial", Remote: remote, Err: cause}).Error())
+	assert.Equal(t, "msg: send 10.0.0.2:40000 -> 10.0.0.1:7471: refused", (&OpError{Op: "send", Local: local, Remote: remote, Err: cause}).Error())
+	assert.Equal(t, "msg: listen on 10.0.0.2:40000: refused", (&OpError{Op: "listen", Local: local, Err: cause}).Error())
+	assert.Equal(t, "msg: close: refused", (&OpError{Op: "close", Err: cause}).Error())
+	assert.ErrorIs(t, &OpError{Op: "dial", Err: cause}, cause)
 }
