@@ -8,6 +8,9 @@ SHELL := /bin/bash
 
 export RDMAGO_TESTBED_CACHE ?= $(CURDIR)/.cache/testbed
 RDMAVM := $(CURDIR)/bin/rdmavm
+# Programs with heavy dependencies (gRPC) live in a module of their own, so
+# that the library's go.mod holds only what the library needs.
+APPS := examples/apps
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 # The oldest Go that go.mod's go line allows (go 1.24 or 1.24.0 is toolchain
 # go1.24.0): mingo builds and tests with exactly that toolchain, which the go
@@ -15,7 +18,7 @@ STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 GO_MIN := $(shell awk '$$1 == "go" { v = $$2; if (v ~ /^[0-9]+\.[0-9]+$$/) v = v ".0"; print v }' go.mod)
 # Packages with tests for inside a guest (integration) and tests that boot
 # guests from the host (testbed): only those pay for a boot.
-INTEGRATION_PKGS = $(shell grep -rl --include='*_test.go' '^//go:build.*\bintegration\b' . | xargs -r -n1 dirname | sort -u)
+INTEGRATION_PKGS = $(shell grep -rl --include='*_test.go' '^//go:build.*\bintegration\b' . | grep -v '^./$(APPS)/' | xargs -r -n1 dirname | sort -u)
 TESTBED_PKGS = $(shell grep -rl --include='*_test.go' '^//go:build.*\btestbed\b' . | xargs -r -n1 dirname | sort -u)
 
 .PHONY: all deps test unit lint gomod api mingo integration testbed prepare demo bench examples shell clean
@@ -40,12 +43,14 @@ lint: deps gomod
 	go vet -tags testbed ./...
 	go run $(STATICCHECK) ./...
 	go run $(STATICCHECK) -tags integration ./...
+	cd $(APPS) && go vet ./... && go vet -tags integration ./... && go run $(STATICCHECK) -tags integration ./...
 	@$(MAKE) --no-print-directory api
 
 # go.mod and go.sum are what go mod tidy makes them.
 gomod:
 	@echo "== go.mod and go.sum tidy"
 	go mod tidy -diff
+	cd $(APPS) && go mod tidy -diff
 
 # One API everywhere: each public package exports the same API with cgo, without
 # cgo and on darwin, never mentioning unsafe or cgo's types, and every package,
@@ -83,6 +88,8 @@ prepare: $(RDMAVM)
 integration: prepare
 	@echo "== integration tests inside a guest with rxe and siw (one boot per package)"
 	go test -p 1 -count=1 -race -v -tags integration -exec "$(RDMAVM) exec" $(INTEGRATION_PKGS)
+	@echo "== gRPC and net/http over rdmacm/stream, in their own module ($(APPS))"
+	cd $(APPS) && go test -p 1 -count=1 -race -v -tags integration -exec "$(RDMAVM) exec" ./...
 	@echo "== the verbs integration tests again under cgocheck2: no Go pointer kept by C or handed to the NIC"
 	GOEXPERIMENT=cgocheck2 go test -count=1 -tags integration -exec "$(RDMAVM) exec" ./verbs
 
@@ -94,6 +101,7 @@ testbed: prepare
 EXAMPLES := cmtime pingpong rping udaddy devices rdmapath
 examples: deps
 	@for e in $(EXAMPLES); do go build -o bin/$$e ./examples/$$e; done
+	cd $(APPS) && go build -o $(CURDIR)/bin/ ./grpcping ./httpecho
 
 # Addresses of the test bed guest's devices (test/testbed): rxe0, then siw0.
 DEMO_ADDRS := 10.10.0.1 10.30.0.1
