@@ -131,6 +131,10 @@ type PortInfo struct {
 	// RemoteActiveMTU, when known, is the peer port's active MTU; the path
 	// MTU must fit both.
 	RemoteActiveMTU MTU
+	// MaxRdAtomic, when known (not 0), is the device's limit on the reads
+	// and atomics a QP may have outstanding as initiator
+	// (DeviceAttr.MaxQPInitRdAtom): the driver refuses a larger MaxRdAtomic.
+	MaxRdAtomic int
 }
 
 // Kind is the port's kind (RoCE, InfiniBand, iWARP).
@@ -150,8 +154,8 @@ var ErrIWARPManual = errors.New("iWARP QPs are connected by the iWARP CM: the pr
 //     max_mtu, so the QP would connect and then stall.
 //   - iWARP: the CM moves the QP; a manual INIT→RTR or RTR→RTS is refused.
 //   - The kernel's bans the man page does not list: an alternate path
-//     (ALT_PATH) anywhere but on InfiniBand, and an address vector into RTR
-//     whose port is not the QP's.
+//     (ALT_PATH) anywhere but on InfiniBand, an address vector into RTR
+//     whose port is not the QP's, and a MaxRdAtomic above the device's.
 func ValidateForPort(t QPType, from, to QPState, attr *QPAttr, mask AttrMask, port PortInfo) error {
 	if err := ValidateAttr(t, from, to, attr, mask); err != nil {
 		return err
@@ -180,6 +184,10 @@ func ValidateForPort(t QPType, from, to QPState, attr *QPAttr, mask AttrMask, po
 	if mask&AttrAV != 0 && mask&AttrState != 0 && to == QPStateRTR && attr.AH.PortNum != 0 && int(attr.AH.PortNum) != port.Port {
 		bad(AttrAV, "AH.PortNum %d is not the QP's port %d: the kernel refuses it into RTR (uverbs' modify_qp)",
 			attr.AH.PortNum, port.Port)
+	}
+	if mask&AttrMaxQPRdAtomic != 0 && port.MaxRdAtomic > 0 && int(attr.MaxRdAtomic) > port.MaxRdAtomic {
+		bad(AttrMaxQPRdAtomic, "%d exceeds the device's limit of %d outstanding reads and atomics (max_qp_init_rd_atom): "+
+			"the driver refuses it (rxe_qp_chk_attr)", attr.MaxRdAtomic, port.MaxRdAtomic)
 	}
 	if mask&AttrPathMTU != 0 && attr.PathMTU.Valid() {
 		if port.Attr.ActiveMTU.Valid() && attr.PathMTU > port.Attr.ActiveMTU {

@@ -264,4 +264,15 @@ func TestKernelAttrBans(t *testing.T) {
 		"in SQD an RC QP may move to another port with its AV")
 	sqd.PortNum = 1
 	problem(t, ValidateAttr(QPTypeRC, QPStateSQD, QPStateSQD, sqd, AttrAV|AttrPort), AttrAV, "AH.PortNum 2 differs from PortNum 1")
+
+	// MaxRdAtomic above the device's limit: the driver refuses it (rxe_qp_chk_attr).
+	rts := &QPAttr{State: QPStateRTS, MaxRdAtomic: 129, Timeout: 14, RetryCount: 7, RNRRetry: 7}
+	rtsMask := AttrState | AttrSQPSN | AttrTimeout | AttrRetryCount | AttrRNRRetry | AttrMaxQPRdAtomic
+	limited := roce
+	limited.MaxRdAtomic = 128
+	problem(t, ValidateForPort(QPTypeRC, QPStateRTR, QPStateRTS, rts, rtsMask, limited), AttrMaxQPRdAtomic,
+		"129 exceeds the device's limit of 128")
+	assert.NoError(t, ValidateForPort(QPTypeRC, QPStateRTR, QPStateRTS, rts, rtsMask, roce), "no limit known, no refusal")
+	rts.MaxRdAtomic = 128
+	assert.NoError(t, ValidateForPort(QPTypeRC, QPStateRTR, QPStateRTS, rts, rtsMask, limited), "the limit itself passes")
 }

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/rdmago/rdmago/test/testbed"
@@ -328,4 +329,99 @@ func checkNames(t *testing.T, qt QPType, c modifyCase, err error) {
 			t.Errorf("%v %v: the refusal does not name %v: %v", qt, c, c.bit, err)
 		}
 	}
+}
+
+// The driver's bans beyond the kernel's table, with QP.Modify itself: rxe
+// refuses a MaxRdAtomic above the device's limit, and any modify that names
+// STATE in SQD while the send queue drains, but towards ERR
+// (rxe_qp_chk_attr). Go refuses both first, naming the attribute.
+func TestModifyDriverBansOnRXE(t *testing.T) {
+	lab := newKernelLab(t)
+	da, err := lab.dev.Query()
+	require.NoError(t, err)
+	require.Equal(t, uint32(rxeVendorID), da.VendorID, "rxe is told by its vendor ID")
+	newQP := func() *QP {
+		q, err := lab.pd.CreateQP(QPInit{Type: QPTypeRC, SendCQ: lab.cq, RecvCQ: lab.cq,
+			Cap: QPCap{MaxSendWR: 4, MaxRecvWR: 4, MaxSendSGE: 1, MaxRecvSGE: 1}})
+		require.NoError(t, err)
+		t.Cleanup(func() { require.NoError(t, q.Close()) })
+		return q
+	}
+
+	t.Run("max rd atomic", func(t *testing.T) {
+		lab.t = t
+		limit := da.MaxQPInitRdAtom
+		if limit >= 255 {
+			t.Skipf("the device's limit %d fits in MaxRdAtomic's 8 bits", limit)
+		}
+		q := newQP()
+		rts := func(n int) (goErr, kernelErr error) {
+			lab.bring(QPTypeRC, q, QPStateRTR)
+			q.state, q.port = QPStateRTR, 1
+			a := lab.attr(q.QPN, QPStateRTR, QPStateRTS)
+			a.MaxRdAtomic = uint8(n)
+			row, _ := kernelTableRule(QPTypeRC, Transition{QPStateRTR, QPStateRTS})
+			if goErr = q.Modify(&a, row.req|AttrState); goErr != nil {
+				ca := attrToIBV(&a)
+				kernelErr = q.qp.Modify(&ca, uint32(row.req|AttrState))
+			}
+			return goErr, kernelErr
+		}
+		goErr, _ := rts(limit)
+		require.NoError(t, goErr, "MaxRdAtomic at the device's limit %d passes", limit)
+		goErr, kernelErr := rts(limit + 1)
+		require.Error(t, kernelErr, "rxe refuses MaxRdAtomic %d", limit+1)
+		var ae *AttrError
+		require.ErrorAs(t, goErr, &ae)
+		require.Equal(t, AttrMaxQPRdAtomic, ae.Problems[0].Attr)
+		require.ErrorContains(t, goErr, fmt.Sprintf("exceeds the device's limit of %d", limit))
+	})
+
+	t.Run("leaving SQD while draining", func(t *testing.T) {
+		lab.t = t
+		q := newQP()
+		mr, err := lab.pd.RegisterMemory(64, AccessLocalWrite)
+		require.NoError(t, err)
+		t.Cleanup(func() { require.NoError(t, mr.Close()) })
+		// Connected to a QP number nobody has, with an ACK timeout of
+		// about 4 s: a send waits for its ACK, and the queue drains no
+		// sooner than that. (A peer's RNR NAK would not do: rxe rewinds the
+		// send and counts the queue drained.)
+		lab.bring(QPTypeRC, q, QPStateInit)
+		row, _ := kernelTableRule(QPTypeRC, Transition{QPStateInit, QPStateRTR})
+		a := lab.attr(0xfffff0, QPStateInit, QPStateRTR)
+		ca := attrToIBV(&a)
+		require.NoError(t, q.qp.Modify(&ca, uint32(row.req|AttrState)))
+		row, _ = kernelTableRule(QPTypeRC, Transition{QPStateRTR, QPStateRTS})
+		a = lab.attr(0xfffff0, QPStateRTR, QPStateRTS)
+		a.Timeout, a.RetryCount = 20, 0
+		ca = attrToIBV(&a)
+		require.NoError(t, q.qp.Modify(&ca, uint32(row.req|AttrState)))
+		q.state, q.port = QPStateRTS, 1
+		require.NoError(t, q.PostSend(SendWR{ID: 1, Opcode: OpSend, Flags: SendSignaled, SGEs: []SGE{mr.SGE(0, 8)}}))
+		require.NoError(t, lab.raw(q, QPStateRTS, QPStateSQD, AttrState))
+		q.state = QPStateSQD
+		qa, err := q.qp.Query(uint32(AttrState))
+		require.NoError(t, err)
+		require.True(t, qa.SQDraining, "a send waiting for its ACK keeps the queue draining")
+		start := time.Now()
+
+		for _, to := range []QPState{QPStateRTS, QPStateSQD, QPStateReset} {
+			attr := lab.attr(q.QPN, QPStateSQD, to)
+			goErr := q.Modify(&attr, AttrState)
+			var ae *AttrError
+			if assert.ErrorAs(t, goErr, &ae, "SQD→%v while draining", to) {
+				assert.Equal(t, AttrState, ae.Problems[0].Attr)
+				assert.ErrorContains(t, goErr, "still draining")
+			}
+			assert.Error(t, lab.raw(q, QPStateSQD, to, AttrState), "rxe refuses SQD→%v while draining", to)
+		}
+		attr := lab.attr(q.QPN, QPStateSQD, QPStateSQD)
+		assert.NoError(t, q.Modify(&attr, AttrPKeyIndex), "a modify in place without STATE passes while draining")
+		qa, err = q.qp.Query(uint32(AttrState))
+		require.NoError(t, err)
+		require.True(t, qa.SQDraining, "still draining after %v: the checks above saw a draining queue", time.Since(start))
+		attr = lab.attr(q.QPN, QPStateSQD, QPStateErr)
+		require.NoError(t, q.Modify(&attr, AttrState), "ERR is the way out while draining")
+	})
 }
