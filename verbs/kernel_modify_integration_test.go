@@ -18,9 +18,10 @@ import (
 )
 
 // The kernel's own table for ibv_modify_qp: qp_state_table and
-// ib_modify_qp_is_ok in drivers/infiniband/core/verbs.c (unchanged from Linux
-// 4.11 to 6.1), transcribed here for RC, UC and UD apart from the model so
-// the experiment below can walk it. STATE is not in it: the kernel takes the
+// ib_modify_qp_is_ok in drivers/infiniband/core/verbs.c (read in a 5.1x
+// mainline tree; the test bed's Debian 6.1 kernel answers by it), transcribed
+// here for RC, UC and UD apart from the model so the experiment below can
+// walk it. STATE is not in it: the kernel takes the
 // target state from STATE and otherwise stays in the current one.
 type kernelRow struct{ req, opt AttrMask }
 
