@@ -426,3 +426,43 @@ func TestModifyDriverBansOnRXE(t *testing.T) {
 		require.NoError(t, q.Modify(&attr, AttrState), "ERR is the way out while draining")
 	})
 }
+
+// What the kernel refuses by a value (not by the mask), refused in Go too;
+// and where Go is stricter than the kernel on purpose, pinned so that a
+// change on either side shows.
+func TestModifyValuesAgainstKernelOnRXE(t *testing.T) {
+	lab := newKernelLab(t)
+	q, err := lab.pd.CreateQP(QPInit{Type: QPTypeRC, SendCQ: lab.cq, RecvCQ: lab.cq,
+		Cap: QPCap{MaxSendWR: 4, MaxRecvWR: 4, MaxSendSGE: 1, MaxRecvSGE: 1}})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, q.Close()) }()
+	try := func(from, to QPState, edit func(*QPAttr)) (goErr, kernelErr error) {
+		lab.bring(QPTypeRC, q, from)
+		q.state, q.port = from, 1
+		row, _ := kernelTableRule(QPTypeRC, Transition{from, to})
+		a := lab.attr(q.QPN, from, to)
+		edit(&a)
+		goErr = q.Modify(&a, row.req|AttrState)
+		lab.bring(QPTypeRC, q, from)
+		ca := attrToIBV(&a)
+		return goErr, q.qp.Modify(&ca, uint32(row.req|AttrState))
+	}
+
+	goErr, kernelErr := try(QPStateInit, QPStateRTR, func(a *QPAttr) { a.AH.PortNum = 0 })
+	assert.Error(t, kernelErr, "uverbs refuses an AV without a port")
+	assert.ErrorContains(t, goErr, "AH.PortNum is 0: the kernel refuses")
+
+	// Stricter on purpose: the kernel masks a PSN to 24 bits with a warning
+	// in its log (_ib_modify_qp), and rxe takes a path MTU up to the port's
+	// max MTU, above the active one, where the QP connects and then stalls.
+	goErr, kernelErr = try(QPStateRTR, QPStateRTS, func(a *QPAttr) { a.SQPSN = 1<<24 | 5 })
+	assert.NoError(t, kernelErr, "the kernel takes a 25-bit PSN and masks it")
+	assert.ErrorContains(t, goErr, "does not fit in 24 bits")
+	if lab.port.ActiveMTU < lab.port.MaxMTU {
+		goErr, kernelErr = try(QPStateInit, QPStateRTR, func(a *QPAttr) { a.PathMTU = lab.port.MaxMTU })
+		assert.NoError(t, kernelErr, "rxe takes a path MTU up to its max MTU")
+		assert.ErrorContains(t, goErr, "exceeds the port's active MTU")
+	} else {
+		t.Logf("active MTU %v is the max: no path MTU between them to try", lab.port.ActiveMTU)
+	}
+}
