@@ -89,11 +89,22 @@ func ValidateAttr(t QPType, from, to QPState, attr *QPAttr, mask AttrMask) error
 	}
 	if has(AttrAV) {
 		checkAH(&attr.AH, AttrAV, bad)
+		if attr.AH.PortNum == 0 {
+			bad(AttrAV, "AH.PortNum is 0: the kernel refuses an address vector without a port "+
+				"(uverbs' modify_qp; the man page does not say): set it to the QP's port")
+		} else if has(AttrPort) && attr.AH.PortNum != attr.PortNum {
+			bad(AttrAV, "AH.PortNum %d differs from PortNum %d: the kernel refuses the two apart (uverbs' modify_qp)",
+				attr.AH.PortNum, attr.PortNum)
+		}
 	}
 	if has(AttrAltPath) {
 		checkAH(&attr.AltAH, AttrAltPath, bad)
 		if attr.AltTimeout > MaxACKTimeout {
 			bad(AttrAltPath, "alternate timeout code %d does not fit in 5 bits", attr.AltTimeout)
+		}
+		if attr.AltPortNum == 0 || attr.AltAH.PortNum != attr.AltPortNum {
+			bad(AttrAltPath, "AltPortNum %d and AltAH.PortNum %d: the kernel wants both set to the same port "+
+				"(uverbs' modify_qp; the man page does not say)", attr.AltPortNum, attr.AltAH.PortNum)
 		}
 	}
 	if len(probs) > 0 {
@@ -120,6 +131,10 @@ type PortInfo struct {
 	// RemoteActiveMTU, when known, is the peer port's active MTU; the path
 	// MTU must fit both.
 	RemoteActiveMTU MTU
+	// MaxRdAtomic, when known (not 0), is the device's limit on the reads
+	// and atomics a QP may have outstanding as initiator
+	// (DeviceAttr.MaxQPInitRdAtom): the driver refuses a larger MaxRdAtomic.
+	MaxRdAtomic int
 }
 
 // Kind is the port's kind (RoCE, InfiniBand, iWARP).
@@ -138,6 +153,9 @@ var ErrIWARPManual = errors.New("iWARP QPs are connected by the iWARP CM: the pr
 //   - A path MTU above the port's active MTU (or the peer's): rxe checks only
 //     max_mtu, so the QP would connect and then stall.
 //   - iWARP: the CM moves the QP; a manual INIT→RTR or RTR→RTS is refused.
+//   - The kernel's bans the man page does not list: an alternate path
+//     (ALT_PATH) anywhere but on InfiniBand, an address vector into RTR
+//     whose port is not the QP's, and a MaxRdAtomic above the device's.
 func ValidateForPort(t QPType, from, to QPState, attr *QPAttr, mask AttrMask, port PortInfo) error {
 	if err := ValidateAttr(t, from, to, attr, mask); err != nil {
 		return err
@@ -158,6 +176,18 @@ func ValidateForPort(t QPType, from, to QPState, attr *QPAttr, mask AttrMask, po
 			bad(AttrAV, "source GID index %d is outside the port's table of %d entries",
 				attr.AH.GRH.SGIDIndex, port.Attr.GIDTableLen)
 		}
+	}
+	if k := port.Kind(); mask&AttrAltPath != 0 && (k == KindRoCE || k == KindIWARP) {
+		bad(AttrAltPath, "the kernel refuses alternate paths on %v: the core handles them (APM) for InfiniBand only "+
+			"(_ib_modify_qp, drivers/infiniband/core/verbs.c), though the man page lists ALT_PATH as optional", port.Kind())
+	}
+	if mask&AttrAV != 0 && mask&AttrState != 0 && to == QPStateRTR && attr.AH.PortNum != 0 && int(attr.AH.PortNum) != port.Port {
+		bad(AttrAV, "AH.PortNum %d is not the QP's port %d: the kernel refuses it into RTR (uverbs' modify_qp)",
+			attr.AH.PortNum, port.Port)
+	}
+	if mask&AttrMaxQPRdAtomic != 0 && port.MaxRdAtomic > 0 && int(attr.MaxRdAtomic) > port.MaxRdAtomic {
+		bad(AttrMaxQPRdAtomic, "%d exceeds the device's limit of %d outstanding reads and atomics (max_qp_init_rd_atom): "+
+			"the driver refuses it (rxe_qp_chk_attr)", attr.MaxRdAtomic, port.MaxRdAtomic)
 	}
 	if mask&AttrPathMTU != 0 && attr.PathMTU.Valid() {
 		if port.Attr.ActiveMTU.Valid() && attr.PathMTU > port.Attr.ActiveMTU {

@@ -216,3 +216,63 @@ func TestSeedExamples(t *testing.T) {
 	_, err = QPSetup{Type: QPTypeRC, Port: 1, Remote: Remote{QPN: 1 << 24}, PathAttr: path}.Steps()
 	assert.ErrorContains(t, err, "DEST_QPN")
 }
+
+// The kernel's bans on attribute values that the man page does not list
+// (found on rxe by TestModifyModelAgreesWithKernel): each is refused in Go
+// with an error that names the attribute and says the rule is the kernel's.
+func TestKernelAttrBans(t *testing.T) {
+	roce := PortInfo{Device: "rxe0", Port: 1, Transport: TransportIB,
+		Attr: PortAttr{State: PortActive, LinkLayer: LinkLayerEthernet, ActiveMTU: MTU1024, MaxMTU: MTU4096, GIDTableLen: 16}}
+	ib := roce
+	ib.Attr.LinkLayer = LinkLayerInfiniBand
+	iwarp := PortInfo{Device: "siw0", Port: 1, Transport: TransportIWARP, Attr: PortAttr{LinkLayer: LinkLayerEthernet, ActiveMTU: MTU1024}}
+	problem := func(t *testing.T, err error, attr AttrMask, says string) {
+		t.Helper()
+		var ae *AttrError
+		if assert.ErrorAs(t, err, &ae) && assert.Len(t, ae.Problems, 1, "%v", err) {
+			assert.Equal(t, attr, ae.Problems[0].Attr)
+			assert.Contains(t, err.Error(), says)
+		}
+	}
+
+	// ALT_PATH: the core (_ib_modify_qp) refuses it unless both ports are InfiniBand.
+	alt := &QPAttr{AltAH: AHAttr{PortNum: 1, IsGlobal: true}, AltPortNum: 1, AltTimeout: 14}
+	require.NoError(t, ValidateForPort(QPTypeRC, QPStateRTS, QPStateRTS, alt, AttrAltPath, ib), "IB takes an alternate path")
+	problem(t, ValidateForPort(QPTypeRC, QPStateRTS, QPStateRTS, alt, AttrAltPath, roce), AttrAltPath,
+		"ALT_PATH: the kernel refuses alternate paths on RoCE")
+	problem(t, ValidateForPort(QPTypeUC, QPStateRTS, QPStateRTS, alt, AttrAltPath, iwarp), AttrAltPath,
+		"the kernel refuses alternate paths on iWARP")
+	assert.NoError(t, ValidateAttr(QPTypeRC, QPStateRTS, QPStateRTS, alt, AttrAltPath), "without a port the kind is unknown")
+
+	// The alternate path's two port numbers: uverbs wants them valid and equal.
+	bad := *alt
+	bad.AltPortNum = 0
+	problem(t, ValidateForPort(QPTypeRC, QPStateRTS, QPStateRTS, &bad, AttrAltPath, ib), AttrAltPath, "the kernel wants both set to the same port")
+	bad = *alt
+	bad.AltAH.PortNum = 2
+	problem(t, ValidateForPort(QPTypeRC, QPStateRTS, QPStateRTS, &bad, AttrAltPath, ib), AttrAltPath, "AltPortNum 1 and AltAH.PortNum 2")
+
+	// The primary AV: a port, and into RTR the QP's own.
+	a, m := validRTR()
+	a.AH.PortNum = 0
+	problem(t, ValidateForPort(QPTypeRC, QPStateInit, QPStateRTR, a, m, roce), AttrAV, "AH.PortNum is 0: the kernel refuses")
+	a, m = validRTR()
+	a.AH.PortNum = 2
+	problem(t, ValidateForPort(QPTypeRC, QPStateInit, QPStateRTR, a, m, roce), AttrAV, "AH.PortNum 2 is not the QP's port 1")
+	sqd := &QPAttr{PortNum: 2, AH: AHAttr{PortNum: 2}}
+	assert.NoError(t, ValidateAttr(QPTypeRC, QPStateSQD, QPStateSQD, sqd, AttrAV|AttrPort),
+		"in SQD an RC QP may move to another port with its AV")
+	sqd.PortNum = 1
+	problem(t, ValidateAttr(QPTypeRC, QPStateSQD, QPStateSQD, sqd, AttrAV|AttrPort), AttrAV, "AH.PortNum 2 differs from PortNum 1")
+
+	// MaxRdAtomic above the device's limit: the driver refuses it (rxe_qp_chk_attr).
+	rts := &QPAttr{State: QPStateRTS, MaxRdAtomic: 129, Timeout: 14, RetryCount: 7, RNRRetry: 7}
+	rtsMask := AttrState | AttrSQPSN | AttrTimeout | AttrRetryCount | AttrRNRRetry | AttrMaxQPRdAtomic
+	limited := roce
+	limited.MaxRdAtomic = 128
+	problem(t, ValidateForPort(QPTypeRC, QPStateRTR, QPStateRTS, rts, rtsMask, limited), AttrMaxQPRdAtomic,
+		"129 exceeds the device's limit of 128")
+	assert.NoError(t, ValidateForPort(QPTypeRC, QPStateRTR, QPStateRTS, rts, rtsMask, roce), "no limit known, no refusal")
+	rts.MaxRdAtomic = 128
+	assert.NoError(t, ValidateForPort(QPTypeRC, QPStateRTR, QPStateRTS, rts, rtsMask, limited), "the limit itself passes")
+}

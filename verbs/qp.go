@@ -76,7 +76,10 @@ func (q *QP) State() QPState {
 // attr.State, or a modify in place without [AttrState]) is checked first with
 // [ValidateForPort]: a missing or unaccepted attribute, an unencodable value,
 // RoCE without GRH, a GID index of an empty slot, a path MTU above the
-// port's active MTU and manual transitions on iWARP never reach the driver.
+// port's active MTU, manual transitions on iWARP, and what the kernel refuses
+// beyond the man page (an alternate path outside InfiniBand, a MaxRdAtomic
+// above the device's limit, leaving SQD on rxe before the send queue has
+// drained) never reach the driver.
 func (q *QP) Modify(attr *QPAttr, mask AttrMask) error {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -98,7 +101,15 @@ func (q *QP) Modify(attr *QPAttr, mask AttrMask) error {
 		if info.Attr, err = dev.QueryPort(port); err != nil {
 			return err
 		}
+		if mask&AttrMaxQPRdAtomic != 0 {
+			if da, derr := dev.Query(); derr == nil {
+				info.MaxRdAtomic = da.MaxQPInitRdAtom
+			}
+		}
 		err = ValidateForPort(q.Type, from, to, attr, mask, info)
+		if err == nil && from == QPStateSQD && mask&AttrState != 0 && to != QPStateErr {
+			err = q.drainingError(dev, to)
+		}
 		if err == nil && mask&AttrAV != 0 && attr.AH.IsGlobal {
 			if _, gerr := dev.queryGID(port, int(attr.AH.GRH.SGIDIndex)); gerr != nil {
 				err = &AttrError{QPType: q.Type, Transition: Transition{from, to}, Problems: []AttrProblem{{Attr: AttrAV,
@@ -131,6 +142,25 @@ func (q *QP) Modify(attr *QPAttr, mask AttrMask) error {
 	}
 	q.state, q.port = to, port
 	return nil
+}
+
+// rxeVendorID is the vendor ID rxe reports (RXE_VENDOR_ID).
+const rxeVendorID = 0xffffff
+
+// drainingError refuses, on rxe, a modify that names STATE in SQD while the
+// send queue still drains: rxe_qp_chk_attr returns EINVAL for it unless the
+// target is ERR. Other drivers are left to decide.
+func (q *QP) drainingError(dev *Device, to QPState) error {
+	if da, err := dev.Query(); err != nil || da.VendorID != rxeVendorID {
+		return nil
+	}
+	if a, err := q.qp.Query(uint32(AttrState)); err != nil || !a.SQDraining {
+		return nil
+	}
+	return &AttrError{QPType: q.Type, Transition: Transition{QPStateSQD, to}, Problems: []AttrProblem{{Attr: AttrState,
+		Reason: "the send queue is still draining, and the kernel's rxe refuses to leave SQD (or to name STATE in it) " +
+			"before it has drained, except towards ERR (rxe_qp_chk_attr): wait for the SQ_DRAINED event " +
+			"(EnSQDAsyncNotify) or until Query reports SQDraining false"}}}
 }
 
 // Query reads the QP's attributes (ibv_query_qp). In ERR only the state can

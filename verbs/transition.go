@@ -3,6 +3,7 @@ package verbs
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 )
 
@@ -29,7 +30,8 @@ const (
 )
 
 // transitionTable holds the IBTA rules as libibverbs documents them for
-// ibv_modify_qp, per QP type. Any→RESET and Any→ERR are added by init.
+// ibv_modify_qp, per QP type, with the kernel's changes (kernelRules) made by
+// init, which also adds Any→RESET and Any→ERR.
 var transitionTable = map[QPType]map[Transition]TransitionRule{
 	QPTypeUD: {
 		{QPStateReset, QPStateInit}: {Required: AttrState | AttrPKeyIndex | AttrPort | AttrQKey},
@@ -75,6 +77,55 @@ var transitionTable = map[QPType]map[Transition]TransitionRule{
 	},
 }
 
+// kernelRule is a place where Linux decides otherwise than the man page:
+// its own table (qp_state_table and ib_modify_qp_is_ok in
+// drivers/infiniband/core/verbs.c) or a ban of its uverbs layer. The kernel
+// decides what the user gets, so the model follows it and its errors say so.
+type kernelRule struct {
+	QPTypes    []QPType
+	Transition Transition
+	// Attrs are the attributes the rule concerns; 0 when it is about the
+	// transition itself.
+	Attrs AttrMask
+	// apply changes the man page's rule into the kernel's; exists is false
+	// when the kernel has no such transition.
+	apply func(r TransitionRule) (rule TransitionRule, exists bool)
+	Why   string
+}
+
+var kernelRules = []kernelRule{
+	{
+		QPTypes: []QPType{QPTypeRC, QPTypeUC, QPTypeUD}, Transition: Transition{QPStateReset, QPStateErr},
+		apply: func(TransitionRule) (TransitionRule, bool) { return TransitionRule{}, false },
+		Why: "the kernel's table (qp_state_table, drivers/infiniband/core/verbs.c) has no RESET→ERR, " +
+			"though the man page allows any state→ERR: a QP in RESET has nothing to flush (destroy it, or go to INIT first)",
+	},
+	{
+		QPTypes: []QPType{QPTypeRC, QPTypeUC, QPTypeUD}, Transition: Transition{QPStateReset, QPStateReset},
+		Attrs: AttrState,
+		apply: func(TransitionRule) (TransitionRule, bool) { return TransitionRule{}, true },
+		Why:   "the kernel takes a modify without STATE as one in place, and RESET→RESET needs nothing",
+	},
+	{
+		QPTypes: []QPType{QPTypeRC, QPTypeUC, QPTypeUD}, Transition: Transition{QPStateErr, QPStateErr},
+		Attrs: AttrState,
+		apply: func(TransitionRule) (TransitionRule, bool) { return TransitionRule{}, true },
+		Why:   "the kernel takes a modify without STATE as one in place, and ERR→ERR needs nothing",
+	},
+	{
+		QPTypes: []QPType{QPTypeRC}, Transition: Transition{QPStateSQE, QPStateRTS},
+		apply: func(TransitionRule) (TransitionRule, bool) { return TransitionRule{Required: AttrState}, true },
+		Why: "the kernel's table marks SQE→RTS valid for every QP type (with nothing optional for RC), " +
+			"though an RC QP goes to ERR, never SQE",
+	},
+	{
+		QPTypes: []QPType{QPTypeUC}, Transition: Transition{QPStateSQD, QPStateSQD}, Attrs: AttrAV,
+		apply: func(r TransitionRule) (TransitionRule, bool) { r.Optional &^= AttrAV; return r, true },
+		Why: "the kernel refuses it although the man page lists it: uverbs (modify_qp, drivers/infiniband/core/uverbs_cmd.c) " +
+			"adds PORT to an AV given in SQD, and a UC QP's SQD→SQD does not take PORT",
+	},
+}
+
 func init() {
 	for _, rules := range transitionTable {
 		for from := QPStateReset; from <= QPStateErr; from++ {
@@ -82,6 +133,29 @@ func init() {
 			rules[Transition{from, QPStateErr}] = TransitionRule{Required: AttrState}
 		}
 	}
+	for _, k := range kernelRules {
+		for _, t := range k.QPTypes {
+			r, ok := k.apply(transitionTable[t][k.Transition])
+			if ok {
+				transitionTable[t][k.Transition] = r
+			} else {
+				delete(transitionTable[t], k.Transition)
+			}
+		}
+	}
+}
+
+// kernelWhy is why the kernel's rule refused e, or "".
+func kernelWhy(e *TransitionError) string {
+	for _, k := range kernelRules {
+		if k.Transition != e.Transition || !slices.Contains(k.QPTypes, e.QPType) {
+			continue
+		}
+		if (k.Attrs == 0 && e.NoSuchTransition) || (k.Attrs&(e.Missing|e.NotAccepted) != 0) {
+			return k.Why
+		}
+	}
+	return ""
 }
 
 // Rule returns what a transition requires and accepts for a QP type, and false
@@ -115,6 +189,9 @@ type TransitionError struct {
 	NoSuchTransition bool
 	Missing          AttrMask // required attributes absent from Mask
 	NotAccepted      AttrMask // attributes in Mask the transition does not take
+	// Kernel, when set, says that the rule that refused the modify is the
+	// kernel's rather than the man page's, and why.
+	Kernel string
 }
 
 func (e *TransitionError) Error() string {
@@ -123,6 +200,9 @@ func (e *TransitionError) Error() string {
 	if e.NoSuchTransition {
 		fmt.Fprintf(&b, " is not a valid transition (from %v a %v QP can go to: %s)",
 			e.Transition.From, e.QPType, strings.Join(targets(e.QPType, e.Transition.From), ", "))
+		if e.Kernel != "" {
+			b.WriteString("; " + e.Kernel)
+		}
 		return b.String()
 	}
 	var parts []string
@@ -135,6 +215,9 @@ func (e *TransitionError) Error() string {
 	b.WriteString(": " + strings.Join(parts, "; "))
 	r, _ := Rule(e.QPType, e.Transition)
 	fmt.Fprintf(&b, " (required: %v; optional: %v)", r.Required, r.Optional)
+	if e.Kernel != "" {
+		b.WriteString("; " + e.Kernel)
+	}
 	return b.String()
 }
 
@@ -166,12 +249,16 @@ func Validate(t QPType, from, to QPState, mask AttrMask) error {
 	tr := Transition{from, to}
 	r, ok := rules[tr]
 	if !ok {
-		return &TransitionError{QPType: t, Transition: tr, Mask: mask, NoSuchTransition: true}
+		e := &TransitionError{QPType: t, Transition: tr, Mask: mask, NoSuchTransition: true}
+		e.Kernel = kernelWhy(e)
+		return e
 	}
 	missing := r.Required &^ mask
 	extra := mask &^ r.Accepted()
 	if missing == 0 && extra == 0 {
 		return nil
 	}
-	return &TransitionError{QPType: t, Transition: tr, Mask: mask, Missing: missing, NotAccepted: extra}
+	e := &TransitionError{QPType: t, Transition: tr, Mask: mask, Missing: missing, NotAccepted: extra}
+	e.Kernel = kernelWhy(e)
+	return e
 }
