@@ -218,6 +218,11 @@ func sharedChannel() (*channel, error) {
 func (ch *channel) add(ps PortSpace) *ID {
 	ch.mu.Lock()
 	defer ch.mu.Unlock()
+	return ch.addLocked(ps)
+}
+
+// addLocked is add with mu held.
+func (ch *channel) addLocked(ps PortSpace) *ID {
 	ch.next++
 	c := &ID{ch: ch, token: ch.next, ps: ps, notify: make(chan struct{}, 1), closed: make(chan struct{})}
 	ch.ids[c.token] = c
@@ -259,12 +264,17 @@ func (ch *channel) lookup(token uint64) *ID {
 
 // newID creates an id on the channel.
 func (ch *channel) newID(ps PortSpace) (*ID, error) {
+	// Checked and registered under one lock: a channel failing meanwhile
+	// then sees the id and is not released under rdma_create_id.
+	ch.mu.Lock()
 	select {
 	case <-ch.failed:
+		ch.mu.Unlock()
 		return nil, ch.failure()
 	default:
 	}
-	c := ch.add(ps)
+	c := ch.addLocked(ps)
+	ch.mu.Unlock()
 	h, err := ch.src.newID(c.token, ps)
 	if err != nil {
 		ch.remove(c)
@@ -458,7 +468,6 @@ func (c *ID) destroy() error {
 	queued := c.queue
 	c.queue = nil
 	c.mu.Unlock()
-	c.ch.remove(c)
 	c.life.Lock() // the calls in progress end first
 	c.qpMu.Lock()
 	qp := c.qp
@@ -468,6 +477,10 @@ func (c *ID) destroy() error {
 		qp.Close() // librdmacm destroys it through the id
 	}
 	err := c.h.Destroy()
+	// Only now: the last id off a failed channel releases it, and
+	// rdma_destroy_id reads the channel. Events for the id are dropped
+	// meanwhile (closed).
+	c.ch.remove(c)
 	c.life.Unlock()
 	for _, ev := range queued {
 		ev.dropped()

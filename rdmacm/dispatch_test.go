@@ -30,7 +30,7 @@ func newFakeSource() *fakeSource {
 }
 
 func (s *fakeSource) newID(token uint64, ps PortSpace) (cmHandle, error) {
-	return &fakeHandle{token: token}, nil
+	return &fakeHandle{token: token, src: s}, nil
 }
 
 func (s *fakeSource) read() (rawEvent, error) {
@@ -57,10 +57,23 @@ type fakeHandle struct {
 	token     uint64
 	destroyed int
 	rejected  int
+	// src is the source the handle is on; destroyedAfterClose records an
+	// rdma_destroy_id after rdma_destroy_event_channel, which reads the
+	// freed channel in librdmacm.
+	src                 *fakeSource
+	destroyedAfterClose bool
 }
 
 func (h *fakeHandle) SetToken(t uint64) { h.mu.Lock(); h.token = t; h.mu.Unlock() }
-func (h *fakeHandle) Destroy() error    { h.mu.Lock(); h.destroyed++; h.mu.Unlock(); return nil }
+func (h *fakeHandle) Destroy() error {
+	h.mu.Lock()
+	h.destroyed++
+	if h.src != nil && h.src.closed.Load() != 0 {
+		h.destroyedAfterClose = true
+	}
+	h.mu.Unlock()
+	return nil
+}
 func (h *fakeHandle) Reject([]byte) error {
 	h.mu.Lock()
 	h.rejected++
@@ -289,6 +302,10 @@ func TestFailingChannelReachesEveryWaiter(t *testing.T) {
 	assert.Zero(t, src.closed.Load(), "released while an id is still on it")
 	handled.Close()
 	assert.EqualValues(t, 1, src.closed.Load(), "the failed channel was not released after its last id")
+	for _, id := range []*ID{waiting, handled} {
+		h := id.h.(*fakeHandle)
+		assert.False(t, h.destroyedAfterClose, "rdma_destroy_id ran after rdma_destroy_event_channel")
+	}
 	settle(t, before)
 }
 
