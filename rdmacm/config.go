@@ -118,7 +118,8 @@ type ConnConfig struct {
 	// (there is no RNR retry), and on RoCE it costs an RNR delay. An error
 	// aborts the connection; memory registered here is released on every
 	// path. To keep what it makes for one accepted connection, see
-	// [ConnRequest.AcceptWith].
+	// [ConnRequest.AcceptWith]. A multicast join has no connect request
+	// and does not run it: post its receives once JoinMulticast returns.
 	BeforeConnect func(s Setup) error
 
 	// Trace, if set, is called after each step of a dial, an accept and a
@@ -137,7 +138,23 @@ type Setup interface {
 	// RegisterMemory and PostRecv are those of the connection.
 	RegisterMemory(size int, access verbs.AccessFlags) (*verbs.MR, error)
 	PostRecv(mr *verbs.MR, off, n int) error
+	// Route is the connection's route as far as it is known before the
+	// connection is up: addresses, device and port, but no GID index or
+	// MTU yet.
+	Route() Route
 }
+
+// setup is what BeforeConnect gets: the connection being made, with only
+// Setup's methods (not Close, which would free what the setup goes on
+// to use).
+type setup struct{ c *conn }
+
+func (s setup) QP() *verbs.QP { return s.c.QP() }
+func (s setup) RegisterMemory(size int, access verbs.AccessFlags) (*verbs.MR, error) {
+	return s.c.RegisterMemory(size, access)
+}
+func (s setup) PostRecv(mr *verbs.MR, off, n int) error { return s.c.PostRecv(mr, off, n) }
+func (s setup) Route() Route                            { return s.c.Route() }
 
 // A Dialer connects to listeners (reliable connections with Dial, UD
 // endpoints with DialUD) and joins multicast groups. Its zero value is
@@ -169,7 +186,8 @@ type ListenConfig struct {
 
 	// PrivateData is sent with every accept that Listener.Accept makes
 	// (ConnRequest.Accept takes its own). With rdmago's header, 192 bytes
-	// fit on InfiniBand and RoCE and 247 on iWARP.
+	// fit on InfiniBand and RoCE and 247 on iWARP; 132 in a UD listener's
+	// answer.
 	PrivateData []byte
 	// Backlog bounds connect requests waiting for Request or Accept
 	// (default 128). A listener refuses the requests past it at once, and

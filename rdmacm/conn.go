@@ -199,15 +199,15 @@ func (c *conn) LocalAddr() netip.AddrPort { return c.path.Local }
 
 // Done is closed when the connection ends: the peer disconnected (or its
 // process exited), the device went away, the local address moved, or
-// Disconnect or Close was called. Err then says which.
+// this side ended it (Conn.Disconnect, Close). Err then says which.
 //
-// From then on every call that uses the connection (Send, Recv, PostRecv,
-// RDMAWrite, RDMARead, SendTo, ReplyTo, RegisterMemory) fails at once, and one
-// waiting when it ends returns at once, with an error that matches
-// ErrEnded and wraps Err. Recv first returns the completions already
-// there: messages that arrived before the end, then the receives the end
-// flushed (see Recv). Disconnect returns nil, as there is nothing left to
-// end; Close is still needed to release the connection.
+// From then on every call that uses the connection (the senders, Recv,
+// PostRecv, ReplyTo, RegisterMemory) fails at once, and one waiting when
+// it ends returns at once, with an error that matches ErrEnded and wraps
+// Err. Recv first returns the completions already there: messages that
+// arrived before the end, then the receives the end flushed (see Recv).
+// Conn.Disconnect returns nil, as there is nothing left to end; Close is
+// still needed to release the connection.
 func (c *conn) Done() <-chan struct{} { return c.done }
 
 // Err is nil while the connection is up, then the reason it ended. It
@@ -466,7 +466,7 @@ func (c *conn) Close() error {
 
 // RegisterMemory registers size bytes of memory outside the Go heap for the
 // connection's PD; Close releases it. A receive (PostRecv) or an RDMA READ
-// (Read) into it needs verbs.AccessLocalWrite.
+// (RDMARead) into it needs verbs.AccessLocalWrite.
 func (c *conn) RegisterMemory(size int, access verbs.AccessFlags) (*verbs.MR, error) {
 	c.mrMu.Lock()
 	defer c.mrMu.Unlock()

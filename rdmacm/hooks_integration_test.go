@@ -4,6 +4,7 @@ package rdmacm_test
 
 import (
 	"errors"
+	"io"
 	"sync"
 	"testing"
 	"time"
@@ -23,14 +24,14 @@ func TestBeforeConnectPostsReceivesInTime(t *testing.T) {
 	forEachDevice(t, func(t *testing.T, d device) {
 		checkNoLeaks(t)
 		var serverMR *verbs.MR
-		// Setup has no Route, but the connection behind it has: a Route
-		// read before the connection is up (no GID yet) must not stand
-		// in for the one read once it is.
+		// A Route read before the connection is up (no GID yet) must not
+		// stand in for the one read once it is.
 		var early *rdmacm.Route
 		serverConfig := &rdmacm.ListenConfig{ConnConfig: rdmacm.ConnConfig{RNRRetryCount: -1, BeforeConnect: func(s rdmacm.Setup) error {
-			if r, ok := s.(interface{ Route() rdmacm.Route }); ok {
-				route := r.Route()
-				early = &route
+			route := s.Route()
+			early = &route
+			if _, ok := s.(io.Closer); ok {
+				return errors.New("BeforeConnect's Setup can be closed")
 			}
 			var err error
 			if serverMR, err = s.RegisterMemory(4096, verbs.AccessLocalWrite); err != nil {
@@ -67,11 +68,9 @@ func TestBeforeConnectPostsReceivesInTime(t *testing.T) {
 		assert.Equal(t, "first", string(serverMR.Bytes()[:wc.ByteLen]))
 
 		// The Route seen early does not stand in for the one once connected.
-		if early != nil {
-			assert.Equal(t, -1, early.GIDIndex)
-		} else {
-			t.Log("BeforeConnect's Setup has no Route: nothing read early to check")
-		}
+		require.NotNil(t, early, "BeforeConnect did not run")
+		assert.Equal(t, -1, early.GIDIndex)
+		assert.Equal(t, d.name, early.Device, "the early route names the device")
 		want := verbs.KindIWARP
 		if !d.iwarp {
 			want = verbs.KindRoCE

@@ -31,6 +31,20 @@ func (c *MulticastConn) Send(ctx context.Context, mr *verbs.MR, off, n int) erro
 	return c.sendTo(ctx, mr, off, n, c.peer)
 }
 
+// SendTo sends n bytes of mr from off as one datagram to peer (a member
+// that sent to the group: see ReplyTo) and waits for the completion.
+func (c *MulticastConn) SendTo(ctx context.Context, mr *verbs.MR, off, n int, peer UDPeer) error {
+	return c.sendTo(ctx, mr, off, n, peer)
+}
+
+// ReplyTo addresses the sender of a receive, for a unicast answer with
+// SendTo: wc is its completion and mr at off the receive buffer, whose
+// first verbs.GRHSize bytes hold the GRH. The address handle is released
+// with the membership.
+func (c *MulticastConn) ReplyTo(wc verbs.WorkCompletion, mr *verbs.MR, off int) (UDPeer, error) {
+	return c.replyTo(wc, mr, off)
+}
+
 // JoinMulticast joins the multicast group with the zero Dialer: see
 // [Dialer.JoinMulticast].
 func JoinMulticast(ctx context.Context, group netip.Addr) (*MulticastConn, error) {

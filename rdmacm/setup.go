@@ -469,7 +469,7 @@ func (e *endpoint) beforeConnect() error {
 	if e.o.BeforeConnect == nil {
 		return nil
 	}
-	if err := e.o.BeforeConnect(e.early()); err != nil {
+	if err := e.o.BeforeConnect(setup{e.early()}); err != nil {
 		step := "set up before connecting" // ConnConfig.BeforeConnect
 		if e.op == "accept" {
 			step = "set up before accepting" // and ConnRequest.AcceptWith's setup
