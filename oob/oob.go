@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"sync"
 	"time"
 
 	"github.com/rdmago/rdmago/internal/cmbridge"
@@ -96,14 +97,27 @@ func Connect(ctx context.Context, tcp net.Conn, cfg *Config) (*Conn, error) {
 	if dl, ok := ctx.Deadline(); ok {
 		tcp.SetDeadline(dl)
 	}
-	stop := context.AfterFunc(ctx, func() { tcp.SetDeadline(time.Unix(1, 0)) })
-	defer stop()
-	wrap := func(step string, err error) error {
-		if ctx.Err() != nil {
-			err = ctx.Err()
-		}
-		return fail(step, err)
+	// The context's end puts a past deadline on the socket, which stops
+	// the exchange's I/O. halt keeps that from happening later, or waits
+	// until it has happened, and reports whether it was kept from it.
+	fired := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() { tcp.SetDeadline(time.Unix(1, 0)); close(fired) })
+	var haltOnce sync.Once
+	var prevented bool
+	halt := func() bool {
+		haltOnce.Do(func() {
+			if prevented = stop(); !prevented {
+				<-fired
+			}
+		})
+		return prevented
 	}
+	defer func() {
+		// The socket goes back to the caller (on failure) or stays the
+		// liveness signal without the deadlines set for the exchange.
+		halt()
+		tcp.SetDeadline(time.Time{})
+	}()
 
 	path, err := resolver.Resolve(ctx, remote.Addr(), resolver.Options{Source: local.Addr()})
 	if err != nil {
@@ -120,15 +134,19 @@ func Connect(ctx context.Context, tcp net.Conn, cfg *Config) (*Conn, error) {
 		release(&res)
 		var oe *rdmacm.OpError
 		if !errors.As(err, &oe) {
-			err = wrap("exchange", err)
+			oe = fail("exchange", err)
 		}
-		return nil, err
+		if ctx.Err() != nil {
+			// The socket's deadline stopped the exchange: say why, and
+			// match the context's error.
+			oe.Err = fmt.Errorf("%w (%v)", ctx.Err(), oe.Err)
+		}
+		return nil, oe
 	}
-	if !stop() { // ctx ended just now: its past deadline may be on the socket
+	if !halt() { // ctx ended just now: the exchange is not to be trusted
 		release(&res)
 		return nil, fail("exchange", ctx.Err())
 	}
-	tcp.SetDeadline(time.Time{})
 	res.TCP = tcp
 	return &Conn{cmbridge.AdoptRC(res).(*rdmacm.Conn)}, nil
 }
@@ -357,8 +375,11 @@ func (x *exchange) run(ctx context.Context, tcp net.Conn) error {
 	}
 	// Both QPs are at RTS before either side sends.
 	var ready string
-	if err := sayHear(tcp, r, "ready", &ready); err != nil || ready != "ready" {
-		return where("wait for the peer's RTS", fmt.Errorf("%v (got %q)", err, ready))
+	if err := sayHear(tcp, r, "ready", &ready); err != nil {
+		return where("wait for the peer's RTS", err)
+	}
+	if ready != "ready" {
+		return where("wait for the peer's RTS", fmt.Errorf("the peer said %q, not \"ready\"", ready))
 	}
 	res.Reader = r
 	res.Local, res.Remote, res.Port = local, x.remote, path.Port

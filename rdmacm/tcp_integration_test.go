@@ -126,3 +126,31 @@ func TestOOBConnectRefusedOnIWARP(t *testing.T) {
 	assert.ErrorIs(t, err, verbs.ErrIWARPManual)
 	assert.Contains(t, err.Error(), "siw0")
 }
+
+// A Connect whose peer never answers ends with its context: the error
+// matches the context's, and the socket, left to the caller, carries no
+// deadline of the exchange (it still works for a fallback).
+func TestOOBConnectCancelled(t *testing.T) {
+	checkNoLeaks(t)
+	a, b := tcpPair(t, rxe(t))
+	defer a.Close()
+	defer b.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(300*time.Millisecond, cancel)
+	_, err := oob.Connect(ctx, a, nil)
+	require.ErrorIs(t, err, context.Canceled)
+	var oe *rdmacm.OpError
+	require.ErrorAs(t, err, &oe)
+	assert.Contains(t, oe.Op, "connect over TCP")
+
+	// The peer reads what Connect sent, then the socket still carries data
+	// both ways.
+	r := bufio.NewReader(b)
+	_, err = r.ReadBytes('\n')
+	require.NoError(t, err)
+	_, err = b.Write([]byte("fallback\n"))
+	require.NoError(t, err)
+	line, err := bufio.NewReader(a).ReadString('\n')
+	require.NoError(t, err, "the socket kept the exchange's deadline")
+	assert.Equal(t, "fallback\n", line)
+}
