@@ -66,8 +66,8 @@ func (c *Config) resolve() (Config, error) {
 	switch {
 	case o.MaxMessageSize < 1 || o.MaxMessageSize > maxMessageCap:
 		return o, fmt.Errorf("Config.MaxMessageSize %d outside 1 to %d", o.MaxMessageSize, maxMessageCap)
-	case o.Credits < 1 || o.Credits > maxCredits:
-		return o, fmt.Errorf("Config.Credits %d outside 1 to %d", o.Credits, maxCredits)
+	case o.Credits < 1 || o.Credits > maxCredits-1:
+		return o, fmt.Errorf("Config.Credits %d outside 1 to %d", o.Credits, maxCredits-1)
 	case o.SendBuffers < 1 || o.SendBuffers > maxCredits:
 		return o, fmt.Errorf("Config.SendBuffers %d outside 1 to %d", o.SendBuffers, maxCredits)
 	case o.CloseTimeout < 0:
@@ -76,14 +76,19 @@ func (c *Config) resolve() (Config, error) {
 	return o, nil
 }
 
+// creditBuffers is how many receive buffers take credit-using frames:
+// one per credit, and one more kept for the end of the stream (FIN), so
+// that a reader slow to release cannot hold a Close's FIN back.
+func (o *Config) creditBuffers() int { return o.Credits + 1 }
+
 func (o *Config) hello() hello {
-	return hello{version: Version, replySlots: replySlots, credits: uint32(o.Credits), maxMessage: uint32(o.MaxMessageSize)}
+	return hello{version: Version, replySlots: replySlots, credits: uint32(o.creditBuffers()), maxMessage: uint32(o.MaxMessageSize)}
 }
 
 // qpCap is the QP the flow control needs: a send queue for every send
 // buffer and CREDIT frame, a receive queue for every credit and reply slot.
 func (o *Config) qpCap() verbs.QPCap {
-	return verbs.QPCap{MaxSendWR: uint32(o.SendBuffers + replySlots), MaxRecvWR: uint32(o.Credits + replySlots),
+	return verbs.QPCap{MaxSendWR: uint32(o.SendBuffers + replySlots), MaxRecvWR: uint32(o.creditBuffers() + replySlots),
 		MaxSendSGE: 1, MaxRecvSGE: 1}
 }
 
@@ -92,7 +97,7 @@ func slotSize(max int) int { return (HeaderSize + max + slotAlign - 1) / slotAli
 // postPool registers the receive buffers and posts them, before the
 // connect request or the accept goes out.
 func postPool(s rdmacm.Setup, o *Config) (*verbs.MR, error) {
-	n, size := o.Credits+replySlots, slotSize(o.MaxMessageSize)
+	n, size := o.creditBuffers()+replySlots, slotSize(o.MaxMessageSize)
 	mr, err := s.RegisterMemory(n*size, verbs.AccessLocalWrite)
 	if err != nil {
 		return nil, fmt.Errorf("register %d receive buffers of %d bytes: %w", n, size, err)
@@ -140,6 +145,9 @@ type Conn struct {
 	peerReady bool  // the dialer's HELLO arrived (accepting side); always on the dialing side
 	peerFin   bool
 	finSent   bool
+	// helloSent: the dialer's HELLO went out (the accepting side sends
+	// none, and starts with it set).
+	helloSent bool
 	closed    bool
 	failed    error // the peer broke the protocol or a transfer failed
 	wake      context.CancelFunc
@@ -162,9 +170,9 @@ func newConn(rc *rdmacm.Conn, o *Config, local, peer hello, pool *verbs.MR, acce
 	c := &Conn{
 		rc: rc, qp: rc.QP(), scq: rc.SendCQ(), local: rc.LocalAddr(), remote: rc.RemoteAddr(), max: max,
 		closeTimeout: o.CloseTimeout,
-		recvMR:       pool, recvSize: slotSize(o.MaxMessageSize), nRecv: o.Credits + replySlots,
+		recvMR:       pool, recvSize: slotSize(o.MaxMessageSize), nRecv: o.creditBuffers() + replySlots,
 		sendSize: slotSize(max), nSend: o.SendBuffers,
-		led: newLedger(local, peer), changed: make(chan struct{}), peerReady: !accepting,
+		led: newLedger(local, peer), changed: make(chan struct{}), peerReady: !accepting, helloSent: accepting,
 		loopDone: make(chan struct{}),
 	}
 	mr, err := rc.RegisterMemory((c.nSend+replySlots)*c.sendSize, 0)
@@ -253,7 +261,7 @@ func (c *Conn) sendFrame(ctx context.Context, op string, t frameType, p []byte) 
 			c.mu.Unlock()
 			return c.opError(op, err)
 		}
-		ready := c.peerReady && c.led.canSend()
+		ready := c.peerReady && c.led.canSend(t)
 		if ready && len(c.freeSend) == 0 {
 			c.reapLocked()
 		}
@@ -264,8 +272,11 @@ func (c *Conn) sendFrame(ctx context.Context, op string, t frameType, p []byte) 
 			h := c.led.outgoing(t)
 			h.length = uint32(len(p))
 			err := c.postLocked(uint64(slot), slot*c.sendSize, h, p)
-			if t == frameFin {
+			switch t {
+			case frameFin:
 				c.finSent = true
+			case frameHello:
+				c.helloSent = true
 			}
 			c.mu.Unlock()
 			if err != nil {
@@ -345,9 +356,17 @@ func (c *Conn) reapLocked() {
 func (c *Conn) reapWait(ctx context.Context) error {
 	c.mu.Lock()
 	closed := c.closed
+	// Another reaper may have taken every completion while the caller
+	// waited for scqMu: with nothing in flight none would come, and the
+	// wait would outlive the connection. Holding scqMu, no one else takes
+	// them now, and whatever is in flight completes or is flushed.
+	idle := len(c.freeSend) == c.nSend && len(c.freeCtl) == replySlots
 	c.mu.Unlock()
 	if closed {
 		return ErrClosed
+	}
+	if idle {
+		return nil
 	}
 	wctx, cancel := context.WithCancel(ctx)
 	stop := context.AfterFunc(c.loopCtx, cancel)
@@ -726,7 +745,9 @@ func (c *Conn) Close() error {
 		ctx, cancel := context.WithTimeout(context.Background(), c.closeTimeout)
 		defer cancel()
 		c.mu.Lock()
-		fin := !c.finSent && c.failed == nil && c.rc.Err() == nil
+		// No FIN before the dialer's HELLO: the peer would take it for a
+		// broken protocol.
+		fin := c.helloSent && !c.finSent && c.failed == nil && c.rc.Err() == nil
 		c.mu.Unlock()
 		if fin {
 			c.sendFrame(ctx, "close", frameFin, nil)

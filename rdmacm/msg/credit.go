@@ -61,8 +61,16 @@ func newLedger(local, peer hello) ledger {
 // after reports whether counter a is past b, for counters that wrap.
 func after(a, b uint32) bool { return int32(a-b) > 0 }
 
-// canSend reports whether a credit-using frame may be sent now.
-func (l *ledger) canSend() bool { return after(l.peerGrant, l.sent) }
+// canSend reports whether a credit-using frame of type t may be sent now.
+// The last credit is kept for FIN: the peer announced one buffer more than
+// its messages' credits for it, so DATA stops one short of the grant and
+// the end of the stream can always follow.
+func (l *ledger) canSend(t frameType) bool {
+	if t == frameFin || t == frameHello {
+		return after(l.peerGrant, l.sent)
+	}
+	return after(l.peerGrant, l.sent+1)
+}
 
 // outgoing fills in the grant and flags of a frame about to be sent and
 // counts it as sent.
@@ -129,8 +137,9 @@ func (l *ledger) peerLeft() uint32 { return l.announced - l.received }
 func (l *ledger) batch() uint32 { return max(1, l.credits/4) }
 func (l *ledger) low() uint32   { return l.credits / 4 }
 
-// starving reports whether the peer is (nearly) out of credits.
-func (l *ledger) starving() bool { return l.peerLeft() <= l.low() }
+// starving reports whether the peer is (nearly) out of credits; the one
+// kept for FIN does not count.
+func (l *ledger) starving() bool { return l.peerLeft() <= l.low()+1 }
 
 // wantCredit reports whether a CREDIT frame should go out for grants
 // waiting: a batch of them, or any when the peer is nearly out of credits.

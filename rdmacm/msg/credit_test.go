@@ -40,7 +40,7 @@ func (s *side) flush(force bool) {
 }
 
 func (s *side) sendData() bool {
-	if !s.led.canSend() {
+	if !s.led.canSend(frameData) {
 		return false
 	}
 	s.flush(true)
@@ -92,8 +92,8 @@ func (s *side) release(n int) {
 func TestLedgerNeverOverrunsAndNeverStalls(t *testing.T) {
 	for seed := range uint64(64) {
 		r := rand.New(rand.NewPCG(seed, 1))
-		ha := hello{version: 1, replySlots: uint16(1 + r.IntN(4)), credits: uint32(1 + r.IntN(40)), maxMessage: 1}
-		hb := hello{version: 1, replySlots: uint16(1 + r.IntN(4)), credits: uint32(1 + r.IntN(40)), maxMessage: 1}
+		ha := hello{version: 1, replySlots: uint16(1 + r.IntN(4)), credits: uint32(2 + r.IntN(40)), maxMessage: 1}
+		hb := hello{version: 1, replySlots: uint16(1 + r.IntN(4)), credits: uint32(2 + r.IntN(40)), maxMessage: 1}
 		a, b := newPair(t, ha, hb)
 		for step := 0; step < 4000; step++ {
 			switch r.IntN(6) {
@@ -157,7 +157,8 @@ func TestLedgerBackpressure(t *testing.T) {
 		hello{version: 1, replySlots: 2, credits: 8, maxMessage: 1})
 	for a.sendData() {
 	}
-	assert.Equal(t, 8, a.sentData, "exactly the peer's credits")
+	assert.Equal(t, 7, a.sentData, "the peer's credits but the one kept for FIN")
+	assert.True(t, a.led.canSend(frameFin), "the end of the stream can follow a full window")
 	for b.deliver(a) {
 	}
 	for a.deliver(b) {

@@ -17,7 +17,7 @@
 //
 // Each side states what it can take in a 16-byte hello, carried in the
 // connect request's and the accept's private data: the protocol version,
-// its credits (receive buffers for messages), its reply slots (receive
+// its credits (receive buffers for messages and FIN), its reply slots (receive
 // buffers kept for CREDIT frames) and the largest message it receives.
 // Both use the smaller maximum. The receive buffers are registered and
 // posted before the request or the accept goes out (rdmacm's BeforeConnect
@@ -45,7 +45,10 @@
 //
 // A grant, the running total of receive buffers a side has made available
 // to its peer, travels in every header; a side sends a HELLO, DATA or FIN
-// frame only while it has sent fewer than the peer's grant. Released
+// frame only while it has sent fewer than the peer's grant, and DATA only
+// while one more credit is left: the last is kept for FIN, for which each
+// side posts a buffer beyond Config.Credits, so that a reader slow to
+// release messages cannot hold back the end of the stream. Released
 // buffers are posted again in batches and only then granted. When no frame
 // is going the other way to carry a grant, a CREDIT frame does; CREDIT
 // frames use reply slots, which the other side hands out with its frames
@@ -89,7 +92,7 @@
 // fails and moves no data. (siw, in Linux 6.1, does not check remote read
 // rights within a PD, so there a peer can RDMA READ its own connection's
 // buffers: the messages it sent and was sent, nothing else.) It takes
-// (Credits+4) receive buffers and (SendBuffers+4) send buffers, each the
+// (Credits+5) receive buffers and (SendBuffers+4) send buffers, each the
 // largest message plus the header, rounded up to 64 bytes. A Message
 // points into its receive buffer until Release; Close unmaps every buffer,
 // so a Message must not be used after its connection's Close.

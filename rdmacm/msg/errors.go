@@ -1,9 +1,11 @@
 package msg
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/netip"
+	"os"
 )
 
 // Kinds of failure. Errors from this package wrap one of them (or
@@ -50,6 +52,12 @@ func (e *OpError) Error() string {
 }
 
 func (e *OpError) Unwrap() error { return e.Err }
+
+// Timeout reports whether the call failed because its context's deadline
+// passed, as a net.Error says.
+func (e *OpError) Timeout() bool {
+	return errors.Is(e.Err, context.DeadlineExceeded) || errors.Is(e.Err, os.ErrDeadlineExceeded)
+}
 
 // ProtocolError says how the peer broke the protocol. It matches
 // ErrProtocol.

@@ -171,8 +171,10 @@ func parseHello(b []byte) (hello, error) {
 		return h, fmt.Errorf("the peer speaks version %d of the message protocol, this side %d", h.version, Version)
 	case b[5] != 0:
 		return h, fmt.Errorf("hello with unknown flags 0x%02x", b[5])
-	case h.credits < 1 || h.credits > maxCredits:
-		return h, fmt.Errorf("hello announcing %d credits (1 to %d allowed)", h.credits, maxCredits)
+	case h.credits < 2 || h.credits > maxCredits:
+		// One buffer is kept for FIN: fewer than two leave none for a
+		// message.
+		return h, fmt.Errorf("hello announcing %d credits (2 to %d allowed: one is kept for the end of the stream)", h.credits, maxCredits)
 	case h.replySlots < 1 || h.replySlots > maxReplySlots:
 		return h, fmt.Errorf("hello announcing %d reply slots (1 to %d allowed)", h.replySlots, maxReplySlots)
 	case h.maxMessage < 1 || h.maxMessage > maxMessageCap:

@@ -2,9 +2,13 @@ package msg
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
+	"net"
 	"net/netip"
+	"os"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -107,9 +111,10 @@ func TestConfigDefaultsAndLimits(t *testing.T) {
 	assert.Equal(t, 32, o.Credits)
 	assert.Equal(t, 32, o.SendBuffers)
 	c := o.qpCap()
-	assert.EqualValues(t, 32+replySlots, c.MaxRecvWR, "a receive for every credit and reply slot")
+	assert.EqualValues(t, 32+1+replySlots, c.MaxRecvWR, "a receive for every credit, FIN's and every reply slot")
+	assert.EqualValues(t, 33, o.hello().credits, "the hello counts FIN's buffer")
 	assert.EqualValues(t, 32+replySlots, c.MaxSendWR, "a send for every buffer and CREDIT frame")
-	for _, bad := range []Config{{MaxMessageSize: -1}, {Credits: maxCredits + 1}, {SendBuffers: -2}, {CloseTimeout: -1}} {
+	for _, bad := range []Config{{MaxMessageSize: -1}, {Credits: maxCredits}, {SendBuffers: -2}, {CloseTimeout: -1}} {
 		_, err := bad.resolve()
 		assert.Error(t, err, "%+v", bad)
 	}
@@ -154,4 +159,14 @@ func TestOpErrorNamesItsAddresses(t *testing.T) {
 	assert.Equal(t, "msg: listen on 10.0.0.2:40000: refused", (&OpError{Op: "listen", Local: local, Err: cause}).Error())
 	assert.Equal(t, "msg: close: refused", (&OpError{Op: "close", Err: cause}).Error())
 	assert.ErrorIs(t, &OpError{Op: "dial", Err: cause}, cause)
+}
+
+// A call that ran out of time says so as a net.Error does, also wrapped in
+// a net.OpError by package stream's dialer.
+func TestOpErrorTimeout(t *testing.T) {
+	assert.True(t, (&OpError{Op: "dial", Err: context.DeadlineExceeded}).Timeout())
+	assert.True(t, (&OpError{Op: "send", Err: fmt.Errorf("waiting: %w", os.ErrDeadlineExceeded)}).Timeout())
+	assert.False(t, (&OpError{Op: "dial", Err: context.Canceled}).Timeout())
+	var ne net.Error = &net.OpError{Op: "dial", Net: "rdma", Err: &OpError{Op: "dial", Err: context.DeadlineExceeded}}
+	assert.True(t, ne.Timeout())
 }

@@ -271,8 +271,10 @@ func TestProtocolAbuse(t *testing.T) {
 			"a 1040-byte message, larger than the 1024 bytes agreed in the hello"},
 		{"larger than the buffers", [][]byte{hello, rawFrame(frameData, 0, 8, make([]byte, 4000))},
 			"a frame larger than this side's 1088-byte receive buffers"},
-		{"without credit", [][]byte{hello, rawFrame(frameData, 0, 8, []byte("1")), rawFrame(frameData, 0, 8, []byte("2"))},
-			"a DATA frame without credit: 3 credit-using frames arrived, 2 were granted"},
+		// Credits 2 and the buffer kept for FIN: three frames are granted.
+		{"without credit", [][]byte{hello, rawFrame(frameData, 0, 8, []byte("1")), rawFrame(frameData, 0, 8, []byte("2")),
+			rawFrame(frameData, 0, 8, []byte("3"))},
+			"a DATA frame without credit: 4 credit-using frames arrived, 3 were granted"},
 		{"credit without slot", [][]byte{hello, rawFrame(frameCredit, 0, 8, nil)}, "a CREDIT frame without a reply slot"},
 		{"grant beyond", [][]byte{rawFrame(frameHello, 0, 100, nil)}, "granting 100 credits beyond what this side sent"},
 	} {
@@ -702,5 +704,32 @@ func TestOneCreditOneBuffer(t *testing.T) {
 			}()
 		}
 		wg.Wait()
+	})
+}
+
+// A reader that holds every message past the writer's Close still gets
+// the end of the stream after them: the last credit is kept for FIN, so
+// a full window does not turn Close into an abort.
+func TestCloseReachesASlowReader(t *testing.T) {
+	forEachDevice(t, func(t *testing.T, d device) {
+		checkNoLeaks(t)
+		cfg := &Config{MaxMessageSize: 256, Credits: 2, CloseTimeout: 500 * time.Millisecond}
+		client, server := pair(t, d, cfg, cfg)
+		ctx := ctxFor(t, 30*time.Second)
+		for i := range 2 {
+			require.NoError(t, client.Send(ctx, payload(i, 100)))
+		}
+		start := time.Now()
+		require.NoError(t, client.Close())
+		assert.Less(t, time.Since(start), 400*time.Millisecond, "Close waited for credit the reader was holding")
+		time.Sleep(time.Second) // the reader is slow: longer than CloseTimeout
+		for i := range 2 {
+			m, err := server.Recv(ctx)
+			require.NoError(t, err, "message %d", i)
+			assert.Equal(t, payload(i, 100), m.Bytes())
+			m.Release()
+		}
+		_, err := server.Recv(ctx)
+		assert.ErrorIs(t, err, io.EOF, "the end of the stream, not an abort")
 	})
 }

@@ -256,11 +256,12 @@ func (d *deadline) context() context.Context {
 	return d.ctx
 }
 
-// expired reports whether the deadline is set and has passed.
+// expired reports whether the deadline is set and has passed: by the
+// context's own timer (the monotonic clock), or by the wall clock.
 func (d *deadline) expired() bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return !d.t.IsZero() && !time.Now().Before(d.t)
+	return errors.Is(d.ctx.Err(), context.DeadlineExceeded) || !d.t.IsZero() && !time.Now().Before(d.t)
 }
 
 func (d *deadline) stop() {
@@ -289,7 +290,11 @@ func (d *Dialer) DialContext(ctx context.Context, network, address string) (net.
 	}
 	c, err := msg.Dial(ctx, &d.RDMA, address, &d.Config)
 	if err != nil {
-		return nil, &net.OpError{Op: "dial", Net: Network, Err: err}
+		oe := &net.OpError{Op: "dial", Net: Network, Err: err}
+		if ap, perr := netip.ParseAddrPort(address); perr == nil {
+			oe.Addr = Addr{ap}
+		}
+		return nil, oe
 	}
 	return New(c), nil
 }
