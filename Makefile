@@ -98,7 +98,7 @@ testbed: prepare
 	go test -p 1 -count=1 -v -tags testbed -run . $(TESTBED_PKGS)
 
 # The examples, built for the guest (which sees this directory).
-EXAMPLES := cmtime pingpong rping udaddy devices rdmapath
+EXAMPLES := cmtime pingpong rping udaddy devices rdmapath streambench
 examples: deps
 	@for e in $(EXAMPLES); do go build -o bin/$$e ./examples/$$e; done
 	cd $(APPS) && go build -o $(CURDIR)/bin/ ./grpcping ./httpecho

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -75,6 +76,7 @@ func (b *bench) run(ctx context.Context) (string, error) {
 		{"many connections", b.many},
 		{"latency", b.latency},
 		{"bandwidth", b.bandwidth},
+		{"messages and streams", b.streams},
 		{"Go benchmarks", b.goBench},
 		{"profiles", b.listProfiles},
 	} {
@@ -638,5 +640,168 @@ func (b *bench) goBench(ctx context.Context, _ map[string]string) error {
 		}
 	}
 	b.printf("```\n")
+	return nil
+}
+
+// streamResult is what examples/streambench prints with -json.
+type streamResult struct {
+	MBps  float64 `json:"MBps"`
+	Rate  float64 `json:"msgs_per_s"`
+	LatUs float64 `json:"half_rtt_us"`
+}
+
+// streamBench runs a streambench server of kind at addr and one client
+// with args, and returns the client's result.
+func (b *bench) streamBench(ctx context.Context, addr netip.AddrPort, kind string, args ...string) (streamResult, error) {
+	var r streamResult
+	tool := filepath.Join(b.bin, "streambench")
+	var srv *server
+	var err error
+	if kind == "tcp" {
+		srv = &server{cmd: exec.CommandContext(ctx, tool, "-listen", addr.String(), "-kind", kind)}
+		srv.cmd.Stdout, srv.cmd.Stderr = &srv.out, &srv.out
+		if err = srv.cmd.Start(); err == nil {
+			err = waitTCP(ctx, addr)
+		}
+		if err != nil {
+			srv.stop()
+			return r, err
+		}
+	} else if srv, err = b.startServer(ctx, addr, tool, "-listen", addr.String(), "-kind", kind); err != nil {
+		return r, err
+	}
+	out, err := run(ctx, append([]string{tool, "-connect", addr.String(), "-kind", kind, "-json"}, args...)...)
+	sout := srv.stop()
+	if err != nil {
+		return r, fmt.Errorf("%w\nthe server printed: %s", err, sout)
+	}
+	return r, json.Unmarshal([]byte(out), &r)
+}
+
+// waitTCP waits until a TCP listener answers at addr.
+func waitTCP(ctx context.Context, addr netip.AddrPort) error {
+	for {
+		var d net.Dialer
+		c, err := d.DialContext(ctx, "tcp", addr.String())
+		if err == nil {
+			c.Close()
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("nothing listening on %v: %w", addr, err)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// perftestBW is a perftest bandwidth tool's average bandwidth (in its MB)
+// and message rate (per second), and the bytes its MB stands for.
+func (b *bench) perftestBW(ctx context.Context, addr netip.AddrPort, tool string, size, iters int) (bw, rate, unit float64, err error) {
+	f, err := b.perftest(ctx, addr, tool, size, iters)
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	// #bytes #iterations BW_peak BW_average MsgRate[Mpps]
+	bw, err1 := strconv.ParseFloat(f[3], 64)
+	mpps, err2 := strconv.ParseFloat(f[4], 64)
+	if err1 != nil || err2 != nil || bw == 0 {
+		return 0, 0, 0, fmt.Errorf("%s result %q", tool, f)
+	}
+	return bw, mpps * 1e6, mpps * 1e6 * float64(size) / bw, nil
+}
+
+const (
+	minStreamRatio  = 0.9 // stream throughput against ib_send_bw -R
+	minMsgRateRatio = 0.8 // 64-byte message rate against ib_send_bw -R -s 64
+	maxMsgLatRatio  = 1.1 // 64-byte half round trip against ib_send_lat -R
+)
+
+// streams measures rdmacm/msg and rdmacm/stream (examples/streambench)
+// beside perftest's SEND tools, and kernel TCP on the same netdev.
+func (b *bench) streams(ctx context.Context, devs map[string]string) error {
+	const bwBytes, bwIters, rateN, latN = 32 << 20, 1000, 10000, 1000
+	b.printf("## Messages and streams (`rdmacm/msg`, `rdmacm/stream`)\n\n")
+	b.printf("`examples/streambench` against perftest over rdma_cm (`-R`), busy-polling as perftest does by default, on the\n")
+	b.printf("2-vCPU guest (wall clock, not the cost model). Stream: %d MiB per connection in 64 KiB writes, one connection and\n", bwBytes>>20)
+	b.printf("eight, against `ib_send_bw -R -s 65536` (and `ib_write_bw` for context); message rate: %d 64-byte messages; round\n", rateN)
+	b.printf("trip: %d 64-byte round trips, half of one, against `ib_send_lat -R` t_typical. MB as perftest counts them. TCP is the\n", latN)
+	b.printf("same stream over the kernel's TCP on the same netdev, for context.\n\n")
+	b.printf("| device | figure | C | Go | Go/C | Go/C by round | target |\n|---|---|---:|---:|---:|---|---|\n")
+	port := func(dev string) netip.AddrPort {
+		return netip.AddrPortFrom(netip.MustParseAddr(devs[dev]), uint16(b.nextPort()))
+	}
+	for _, dev := range []string{"rxe0", "siw0"} {
+		var sendBW, writeBW, sendRate, lat, one, eight, rate, msgLat, tcpOne, tcpEight, tcpLat []float64
+		for r := 0; r < b.rounds; r++ {
+			bw, _, unit, err := b.perftestBW(ctx, port(dev), "ib_send_bw", 65536, bwIters)
+			if err != nil {
+				return err
+			}
+			sendBW = append(sendBW, bw)
+			wbw, _, _, err := b.perftestBW(ctx, port(dev), "ib_write_bw", 65536, bwIters)
+			if err != nil {
+				return err
+			}
+			writeBW = append(writeBW, wbw)
+			_, mrate, _, err := b.perftestBW(ctx, port(dev), "ib_send_bw", 64, rateN)
+			if err != nil {
+				return err
+			}
+			sendRate = append(sendRate, mrate)
+			f, err := b.perftest(ctx, port(dev), "ib_send_lat", 64, latN)
+			if err != nil {
+				return err
+			}
+			typical, err := strconv.ParseFloat(f[4], 64)
+			if err != nil {
+				return fmt.Errorf("ib_send_lat t_typical %q: %w", f[4], err)
+			}
+			lat = append(lat, typical)
+			for _, m := range []struct {
+				kind  string
+				conns int
+				dst   *[]float64
+			}{{"stream", 1, &one}, {"stream", 8, &eight}, {"tcp", 1, &tcpOne}, {"tcp", 8, &tcpEight}} {
+				g, err := b.streamBench(ctx, port(dev), m.kind, "-mode", "bw", "-conns", fmt.Sprint(m.conns),
+					"-bytes", fmt.Sprint(bwBytes/m.conns), "-size", "65536")
+				if err != nil {
+					return err
+				}
+				*m.dst = append(*m.dst, g.MBps*1e6/unit)
+			}
+			g, err := b.streamBench(ctx, port(dev), "msg", "-mode", "rate", "-size", "64", "-n", fmt.Sprint(rateN))
+			if err != nil {
+				return err
+			}
+			rate = append(rate, g.Rate)
+			if g, err = b.streamBench(ctx, port(dev), "msg", "-mode", "lat", "-size", "64", "-n", fmt.Sprint(latN)); err != nil {
+				return err
+			}
+			msgLat = append(msgLat, g.LatUs)
+			if g, err = b.streamBench(ctx, port(dev), "tcp", "-mode", "lat", "-size", "64", "-n", fmt.Sprint(latN)); err != nil {
+				return err
+			}
+			tcpLat = append(tcpLat, g.LatUs)
+		}
+		row := func(figure string, c, g []float64, format string, ok string) {
+			cm, gm := median(c), median(g)
+			b.printf("| %s | %s | "+format+" | "+format+" | %.2f | %s | %s |\n", dev, figure, cm, gm, gm/cm, byRound(c, g), ok)
+		}
+		ratio := median(one) / median(sendBW)
+		row("stream, 1 connection, MB/s (C: ib_send_bw)", sendBW, one, "%.1f", fmt.Sprintf("≥ %.2f: %s", minStreamRatio, verdict(ratio >= minStreamRatio)))
+		ratio = median(eight) / median(sendBW)
+		row("stream, 8 connections, MB/s (C: ib_send_bw)", sendBW, eight, "%.1f", fmt.Sprintf("≥ %.2f: %s", minStreamRatio, verdict(ratio >= minStreamRatio)))
+		row("stream, 1 connection, MB/s (C: ib_write_bw)", writeBW, one, "%.1f", "context")
+		ratio = median(rate) / median(sendRate)
+		row("64 B messages per second (C: ib_send_bw)", sendRate, rate, "%.0f", fmt.Sprintf("≥ %.2f: %s", minMsgRateRatio, verdict(ratio >= minMsgRateRatio)))
+		ratio = median(msgLat) / median(lat)
+		row("64 B half round trip, µs (C: ib_send_lat)", lat, msgLat, "%.1f", fmt.Sprintf("≤ %.2f: %s", maxMsgLatRatio, verdict(ratio <= maxMsgLatRatio)))
+		row("TCP stream, 1 connection, MB/s (C: ib_send_bw)", sendBW, tcpOne, "%.1f", "context")
+		row("TCP stream, 8 connections, MB/s (C: ib_send_bw)", sendBW, tcpEight, "%.1f", "context")
+		row("TCP 64 B half round trip, µs (C: ib_send_lat)", lat, tcpLat, "%.1f", "context")
+	}
+	b.printf("\nRegistered memory per message connection (defaults: 32 credits, 32 send buffers, 16 KiB messages): " +
+		"(32+5) receive and (32+4) send buffers of 16 KiB plus the 12-byte header, rounded up to 64 bytes: about 1.2 MB.\n\n")
 	return nil
 }

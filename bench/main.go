@@ -42,7 +42,7 @@ func benchmark(bin, out string, rounds int) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
-	local, err := localCopies(bin, "cmtime", "pingpong", "rdmacm.bench.test")
+	local, err := localCopies(bin, "cmtime", "pingpong", "streambench", "rdmacm.bench.test")
 	if err != nil {
 		return err
 	}
