@@ -26,6 +26,7 @@ import (
 	"net/netip"
 	"os"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/rdmago/rdmago/rdmacm"
@@ -327,8 +328,9 @@ func Listen(ctx context.Context, lc *rdmacm.ListenConfig, address string, cfg *m
 }
 
 // Accept waits for the next connection. A dialer whose handshake fails is
-// passed over; Accept returns an error only once the listener is closed or
-// broken.
+// passed over; Accept returns an error once the listener is closed or
+// broken, and a temporary one (Temporary reports true, as for a socket's
+// EMFILE) when this host runs out of memory to register or descriptors.
 func (l *Listener) Accept() (net.Conn, error) {
 	for {
 		c, err := l.l.Accept(l.closeCtx)
@@ -339,13 +341,37 @@ func (l *Listener) Accept() (net.Conn, error) {
 			return nil, &net.OpError{Op: "accept", Net: Network, Addr: l.addr, Err: net.ErrClosed}
 		}
 		// One dialer's failed handshake names that dialer: the listener
-		// goes on. Anything else is the listener's own failure.
+		// goes on. Running out of a local resource (memory to register,
+		// descriptors) would fail every dialer: that is returned, as a
+		// temporary error, so that a server loop such as http.Serve's
+		// backs off and tries again, as it does for a socket's EMFILE.
 		var oe *msg.OpError
-		if !errors.As(err, &oe) || !oe.Remote.IsValid() {
+		switch {
+		case !errors.As(err, &oe) || !oe.Remote.IsValid():
 			return nil, &net.OpError{Op: "accept", Net: Network, Addr: l.addr, Err: err}
+		case outOfResources(err):
+			return nil, &net.OpError{Op: "accept", Net: Network, Addr: l.addr, Err: temporary{err}}
 		}
 	}
 }
+
+// outOfResources reports whether err is this host running out of
+// something every connection needs.
+func outOfResources(err error) bool {
+	for _, errno := range []syscall.Errno{syscall.ENOMEM, syscall.EMFILE, syscall.ENFILE, syscall.ENOSPC, syscall.ENOBUFS} {
+		if errors.Is(err, errno) {
+			return true
+		}
+	}
+	return false
+}
+
+// temporary marks an error as one that may pass (net.Error's Temporary).
+type temporary struct{ error }
+
+func (t temporary) Temporary() bool { return true }
+func (t temporary) Timeout() bool   { return false }
+func (t temporary) Unwrap() error   { return t.error }
 
 // Close stops listening; a blocked Accept returns net.ErrClosed.
 func (l *Listener) Close() error {
