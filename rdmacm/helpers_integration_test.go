@@ -3,13 +3,11 @@
 package rdmacm_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"net/netip"
 	"os"
 	"os/exec"
-	"runtime"
 	"testing"
 	"time"
 
@@ -62,12 +60,6 @@ func kernelObjects(t *testing.T) map[string]int {
 	return counts
 }
 
-func openFDs(t *testing.T) int {
-	ents, err := os.ReadDir("/proc/self/fd")
-	require.NoError(t, err)
-	return len(ents)
-}
-
 // TestMain connects once on each device before the tests: librdmacm opens
 // the devices on first use and keeps them for the life of the process,
 // which the leak checks must not count.
@@ -118,50 +110,7 @@ func warmUp(addr string) {
 
 // checkNoLeaks asserts, at the end of the test, that every cm_id, QP, CQ,
 // MR and PD, every descriptor and every goroutine the test made is gone.
-func checkNoLeaks(t *testing.T) {
-	t.Helper()
-	objects, fds, goroutines := kernelObjects(t), openFDs(t), len(goroutineDump())
-	t.Cleanup(func() {
-		if t.Failed() {
-			return
-		}
-		// Goroutines of closed connections exit just after Close returns.
-		// They are counted in the same stop-the-world dump that is shown
-		// on failure: runtime.NumGoroutine, read apart from the dump, once
-		// reported 324 where the dump a moment later listed 3.
-		deadline := time.Now().Add(5 * time.Second)
-		var dump [][]byte
-		var counts []int // one per second, for the failure message
-		for i := 0; ; i++ {
-			dump = goroutineDump()
-			if i%50 == 0 {
-				counts = append(counts, len(dump))
-			}
-			if len(dump) <= goroutines || time.Now().After(deadline) {
-				break
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-		assert.Equal(t, objects, kernelObjects(t), "cm_ids, QPs, CQs, MRs and PDs released")
-		assert.Equal(t, fds, openFDs(t), "file descriptors released")
-		if len(dump) > goroutines {
-			t.Errorf("%d goroutines before, %d after (counts over the wait: %v):\n%s", goroutines, len(dump), counts,
-				bytes.Join(dump, []byte("\n\n")))
-		}
-	})
-}
-
-// goroutineDump is every goroutine's stack, one entry per goroutine.
-func goroutineDump() [][]byte {
-	buf := make([]byte, 1<<16)
-	for {
-		n := runtime.Stack(buf, true)
-		if n < len(buf) {
-			return bytes.Split(bytes.TrimSpace(buf[:n]), []byte("\n\n"))
-		}
-		buf = make([]byte, 2*len(buf))
-	}
-}
+var checkNoLeaks = testbed.CheckNoLeaks
 
 func ctxFor(t *testing.T, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), d)

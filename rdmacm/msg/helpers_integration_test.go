@@ -3,12 +3,10 @@
 package msg
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -100,54 +98,7 @@ func warmUp(addr string) {
 
 // checkNoLeaks asserts, at the end of the test, that every cm_id, QP, CQ,
 // MR and PD, every descriptor and every goroutine the test made is gone.
-// (As package rdmacm's tests count them.)
-func checkNoLeaks(t *testing.T) {
-	t.Helper()
-	objects, fds, goroutines := kernelObjects(t), openFDs(t), len(goroutineDump())
-	t.Cleanup(func() {
-		if t.Failed() {
-			return
-		}
-		deadline := time.Now().Add(5 * time.Second)
-		var dump [][]byte
-		for {
-			dump = goroutineDump()
-			if len(dump) <= goroutines || time.Now().After(deadline) {
-				break
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-		assert.Equal(t, objects, kernelObjects(t), "cm_ids, QPs, CQs, MRs and PDs released")
-		assert.Equal(t, fds, openFDs(t), "file descriptors released")
-		if len(dump) > goroutines {
-			t.Errorf("%d goroutines before, %d after:\n%s", goroutines, len(dump), bytes.Join(dump, []byte("\n\n")))
-		}
-	})
-}
-
-func kernelObjects(t *testing.T) map[string]int {
-	t.Helper()
-	counts, err := testbed.Objects()
-	require.NoError(t, err)
-	return counts
-}
-
-func openFDs(t *testing.T) int {
-	ents, err := os.ReadDir("/proc/self/fd")
-	require.NoError(t, err)
-	return len(ents)
-}
-
-func goroutineDump() [][]byte {
-	buf := make([]byte, 1<<16)
-	for {
-		n := runtime.Stack(buf, true)
-		if n < len(buf) {
-			return bytes.Split(bytes.TrimSpace(buf[:n]), []byte("\n\n"))
-		}
-		buf = make([]byte, 2*len(buf))
-	}
-}
+var checkNoLeaks = testbed.CheckNoLeaks
 
 func ctxFor(t *testing.T, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), d)

@@ -24,6 +24,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rdmago/rdmago/rdmacm"
+	"github.com/rdmago/rdmago/test/testbed"
 	"github.com/rdmago/rdmago/verbs"
 )
 
@@ -641,7 +642,7 @@ func TestIdleConnectionsCostOneGoroutineAndNoCPU(t *testing.T) {
 		checkNoLeaks(t)
 		ctx := ctxFor(t, 60*time.Second)
 		const pairs = 4
-		before := len(goroutineDump())
+		before := len(testbed.Goroutines())
 		var conns []*Conn
 		for range pairs {
 			c, s := pair(t, d, nil, nil)
@@ -653,7 +654,7 @@ func TestIdleConnectionsCostOneGoroutineAndNoCPU(t *testing.T) {
 			conns = append(conns, c, s)
 		}
 		time.Sleep(200 * time.Millisecond)
-		after := len(goroutineDump())
+		after := len(testbed.Goroutines())
 		assert.LessOrEqual(t, after-before, len(conns), "%d connections, %d more goroutines", len(conns), after-before)
 
 		var r0, r1 syscall.Rusage

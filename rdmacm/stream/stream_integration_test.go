@@ -4,7 +4,6 @@ package stream
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"errors"
@@ -14,7 +13,6 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"runtime"
 	"testing"
 	"time"
 
@@ -113,52 +111,7 @@ func pipe(d device, cfg *msg.Config) nettest.MakePipe {
 
 // checkNoLeaks asserts, at the end of the test, that every cm_id, QP, CQ,
 // MR and PD, every descriptor and every goroutine the test made is gone.
-// Goroutines are counted in the dump shown on failure, as package rdmacm's
-// tests do: runtime.NumGoroutine read apart from it can disagree.
-func checkNoLeaks(t *testing.T) {
-	t.Helper()
-	objects, err := testbed.Objects()
-	require.NoError(t, err)
-	fds, goroutines := openFDs(t), len(goroutineDump())
-	t.Cleanup(func() {
-		if t.Failed() {
-			return
-		}
-		deadline := time.Now().Add(5 * time.Second)
-		var dump [][]byte
-		for {
-			dump = goroutineDump()
-			if len(dump) <= goroutines || time.Now().After(deadline) {
-				break
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-		after, err := testbed.Objects()
-		require.NoError(t, err)
-		assert.Equal(t, objects, after, "cm_ids, QPs, CQs, MRs and PDs released")
-		assert.Equal(t, fds, openFDs(t), "file descriptors released")
-		if len(dump) > goroutines {
-			t.Errorf("%d goroutines before, %d after:\n%s", goroutines, len(dump), bytes.Join(dump, []byte("\n\n")))
-		}
-	})
-}
-
-func goroutineDump() [][]byte {
-	buf := make([]byte, 1<<16)
-	for {
-		n := runtime.Stack(buf, true)
-		if n < len(buf) {
-			return bytes.Split(bytes.TrimSpace(buf[:n]), []byte("\n\n"))
-		}
-		buf = make([]byte, 2*len(buf))
-	}
-}
-
-func openFDs(t *testing.T) int {
-	ents, err := os.ReadDir("/proc/self/fd")
-	require.NoError(t, err)
-	return len(ents)
-}
+var checkNoLeaks = testbed.CheckNoLeaks
 
 // The standard conformance suite for a net.Conn: basic I/O, ping-pong,
 // racy reads and writes, deadlines past, present and future, Close
