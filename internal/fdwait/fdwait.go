@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -23,6 +24,74 @@ type Waiter struct {
 	file   *os.File
 	raw    syscall.RawConn
 	closed atomic.Bool
+
+	// A loop that waits again and again with one context (a connection's
+	// goroutine) keeps one watch of it instead of setting one up per wait:
+	// the watch is what interrupts the poller's wait when the context ends.
+	mu    sync.Mutex
+	watch *watch // the kept watch, or nil
+	busy  bool   // a wait is using the kept watch and read below
+	// read calls try; made once, as a closure handed to the poller per
+	// wait would be allocated per wait. Only the wait holding busy uses it.
+	read func(uintptr) bool
+	try  func() bool
+}
+
+// watch interrupts the poller's wait once its context ends, by moving the
+// read deadline into the past.
+type watch struct {
+	ctx   context.Context
+	stop  func() bool
+	fired chan struct{} // closed once the deadline was moved
+}
+
+func (w *Waiter) newWatch(ctx context.Context) *watch {
+	wt := &watch{ctx: ctx, fired: make(chan struct{})}
+	wt.stop = context.AfterFunc(ctx, func() {
+		w.file.SetReadDeadline(time.Unix(1, 0)) // wakes the poller wait
+		close(wt.fired)
+	})
+	return wt
+}
+
+// end stops the watch; if it fired, the past deadline is removed (after
+// the function that set it has returned) so that later waits block again.
+func (wt *watch) end(w *Waiter) {
+	if !wt.stop() {
+		<-wt.fired
+		w.file.SetReadDeadline(time.Time{})
+	}
+}
+
+// acquire readies one wait with ctx. It returns true when the wait has the
+// kept watch and read to itself (release with releaseKept), and otherwise
+// the wait's own watch (nil when ctx never ends), to end after it. The kept
+// watch serves one wait at a time; a concurrent wait gets a watch of its own.
+func (w *Waiter) acquire(ctx context.Context) (kept bool, own *watch) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.busy || w.closed.Load() {
+		if ctx.Done() == nil {
+			return false, nil
+		}
+		return false, w.newWatch(ctx)
+	}
+	if w.watch != nil && w.watch.ctx != ctx {
+		w.watch.end(w)
+		w.watch = nil
+	}
+	if w.watch == nil && ctx.Done() != nil {
+		w.watch = w.newWatch(ctx)
+	}
+	w.busy = true
+	return true, nil
+}
+
+func (w *Waiter) releaseKept() {
+	w.mu.Lock()
+	w.busy = false
+	w.try = nil
+	w.mu.Unlock()
 }
 
 // New makes fd non-blocking (the library's reads then fail with EAGAIN
@@ -41,7 +110,9 @@ func New(fd int, name string) (*Waiter, error) {
 		file.Close()
 		return nil, fmt.Errorf("registering %s with the poller: %w", name, err)
 	}
-	return &Waiter{file: file, raw: raw}, nil
+	w := &Waiter{file: file, raw: raw}
+	w.read = func(uintptr) bool { return w.try() }
+	return w, nil
 }
 
 // Wait calls try whenever the descriptor may be readable until it returns
@@ -49,20 +120,18 @@ func New(fd int, name string) (*Waiter, error) {
 // something). It returns ctx's error when ctx ends first, and ErrClosed once
 // Close was called. One goroutine at a time may wait.
 func (w *Waiter) Wait(ctx context.Context, try func() bool) error {
-	fired := make(chan struct{})
-	stop := context.AfterFunc(ctx, func() {
-		w.file.SetReadDeadline(time.Unix(1, 0)) // wakes the poller wait
-		close(fired)
-	})
-	defer func() {
-		if !stop() {
-			// The context ended, maybe just as try succeeded: remove the
-			// past deadline before anyone waits again.
-			<-fired
-			w.file.SetReadDeadline(time.Time{})
+	kept, own := w.acquire(ctx)
+	var err error
+	if kept {
+		w.try = try
+		err = w.raw.Read(w.read)
+		w.releaseKept()
+	} else {
+		err = w.raw.Read(func(uintptr) bool { return try() })
+		if own != nil {
+			own.end(w)
 		}
-	}()
-	err := w.raw.Read(func(uintptr) bool { return try() })
+	}
 	switch {
 	case err == nil:
 		return nil
@@ -80,5 +149,11 @@ var ErrClosed = errors.New("fdwait: closed")
 // Close unregisters and closes the duplicate; a Wait in progress returns ErrClosed.
 func (w *Waiter) Close() error {
 	w.closed.Store(true)
+	w.mu.Lock()
+	if w.watch != nil {
+		w.watch.stop()
+		w.watch = nil
+	}
+	w.mu.Unlock()
 	return w.file.Close()
 }

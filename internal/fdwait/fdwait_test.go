@@ -54,3 +54,45 @@ func TestWaiter(t *testing.T) {
 		t.Fatal("Close did not end the wait")
 	}
 }
+
+// A loop waiting with one context keeps one watch of it: waits allocate
+// nothing, a context that ends still interrupts the wait, and the waits
+// after it, with another context or none, block until the descriptor is
+// ready again.
+func TestWaiterKeepsWatch(t *testing.T) {
+	fd, err := unix.Eventfd(0, unix.EFD_CLOEXEC)
+	require.NoError(t, err)
+	defer unix.Close(fd)
+	w, err := New(fd, "eventfd")
+	require.NoError(t, err)
+	defer w.Close()
+	var b [8]byte
+	read := func() bool {
+		n, err := unix.Read(fd, b[:])
+		return err == nil && n == 8
+	}
+	one := []byte{1, 0, 0, 0, 0, 0, 0, 0}
+	post := func() { unix.Write(fd, one) }
+
+	ctx, cancel := context.WithCancel(context.Background())
+	post()
+	require.NoError(t, w.Wait(ctx, read)) // sets the watch up
+	allocs := testing.AllocsPerRun(100, func() {
+		post()
+		if err := w.Wait(ctx, read); err != nil {
+			t.Fatal(err)
+		}
+	})
+	assert.Zero(t, allocs, "allocations per wait with the same context")
+
+	go func() { time.Sleep(50 * time.Millisecond); cancel() }()
+	assert.ErrorIs(t, w.Wait(ctx, read), context.Canceled)
+	assert.ErrorIs(t, w.Wait(ctx, read), context.Canceled, "the ended context, again")
+
+	for _, c := range []context.Context{context.Background(), t.Context()} {
+		go func() { time.Sleep(100 * time.Millisecond); post() }()
+		start := time.Now()
+		require.NoError(t, w.Wait(c, read))
+		assert.GreaterOrEqual(t, time.Since(start), 50*time.Millisecond, "the ended context's deadline is gone")
+	}
+}
