@@ -2,8 +2,10 @@ package verbs
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"unsafe"
 
@@ -23,6 +25,13 @@ type CQ struct {
 	// which reads it outside mu; Close takes it for writing, after waking
 	// the waiter, before it destroys the channel.
 	waiting sync.RWMutex
+	// armed: the CQ was armed and the event that arming brings has not
+	// been read yet. A wait then needs no new arming: the pending event
+	// wakes it, and at most one event is ever queued on the channel.
+	armed atomic.Bool
+	// tryEvent reads one event for the poller's wait; made once, as a
+	// closure per wait would be allocated per wait.
+	tryEvent func() bool
 
 	yield yielder // Poll yields through it
 }
@@ -44,7 +53,15 @@ func (d *Device) CreateCQ(entries int) (*CQ, error) {
 		}
 		return nil, e
 	}
-	return &CQ{dev: d, cq: cq}, nil
+	c := &CQ{dev: d, cq: cq}
+	c.tryEvent = func() bool {
+		if !cq.GetEvent() {
+			return false // none queued: wait in the poller
+		}
+		c.armed.Store(false)
+		return true
+	}
+	return c, nil
 }
 
 // The completions of ibv.CQ.Poll land in the caller's []WorkCompletion
@@ -89,22 +106,44 @@ func (c *CQ) Wait(ctx context.Context) error {
 
 // PollWait polls into wcs, and if the CQ is empty waits for completions
 // until at least one arrives or ctx ends. It arms the notification between
-// two polls, so a completion that lands just before arming is not missed.
+// two polls, so a completion that lands just before arming is not missed;
+// poll, arming and second poll cost one crossing into C.
 func (c *CQ) PollWait(ctx context.Context, wcs []WorkCompletion) (int, error) {
+	if len(wcs) == 0 {
+		return 0, nil
+	}
 	for {
-		if n, err := c.Poll(wcs); n > 0 || err != nil {
-			return n, err
-		}
-		if err := c.arm(); err != nil {
-			return 0, err
-		}
-		if n, err := c.Poll(wcs); n > 0 || err != nil {
-			return n, err // the armed event fires later and costs one spurious wake
+		if n, err := c.pollArm(wcs); n > 0 || err != nil {
+			return n, err // an arming's event fires later and costs one spurious wake
 		}
 		if err := c.waitEvent(ctx); err != nil {
 			return 0, err
 		}
 	}
+}
+
+// pollArm polls, and when the CQ is empty and not armed yet, arms it and
+// polls again.
+func (c *CQ) pollArm(wcs []WorkCompletion) (int, error) {
+	c.yield.maybeYield()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.cq == nil {
+		return 0, &OpError{Op: "ibv_poll_cq", Device: c.dev.Info.Name, Err: syscall.EBADF, Hint: "the CQ is closed"}
+	}
+	arm := !c.armed.Load()
+	n, err := c.cq.PollArm(unsafe.Slice((*ibv.WC)(unsafe.Pointer(&wcs[0])), len(wcs)), arm)
+	var ne *ibv.NotifyError
+	switch {
+	case errors.As(err, &ne):
+		return 0, &OpError{Op: "ibv_req_notify_cq", Device: c.dev.Info.Name, Err: ne.Err}
+	case err != nil:
+		return 0, &OpError{Op: "ibv_poll_cq", Device: c.dev.Info.Name, Err: err}
+	}
+	if arm && n == 0 {
+		c.armed.Store(true)
+	}
+	return n, nil
 }
 
 func (c *CQ) arm() error {
@@ -116,40 +155,37 @@ func (c *CQ) arm() error {
 	if err := c.cq.ReqNotify(); err != nil {
 		return &OpError{Op: "ibv_req_notify_cq", Device: c.dev.Info.Name, Err: err}
 	}
+	c.armed.Store(true)
 	return nil
 }
 
 // waiter registers the channel with the poller on the first wait: a CQ
 // that is only ever busy-polled costs no duplicate descriptor.
-func (c *CQ) waiter() (*fdwait.Waiter, *ibv.CQ, error) {
+func (c *CQ) waiter() (*fdwait.Waiter, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.cq == nil {
-		return nil, nil, &OpError{Op: "wait for completions", Device: c.dev.Info.Name, Err: syscall.EBADF, Hint: "the CQ is closed"}
+		return nil, &OpError{Op: "wait for completions", Device: c.dev.Info.Name, Err: syscall.EBADF, Hint: "the CQ is closed"}
 	}
 	if c.wait == nil {
 		w, err := fdwait.New(c.cq.ChannelFD(), "completion channel")
 		if err != nil {
-			return nil, nil, &OpError{Op: "wait for completions", Device: c.dev.Info.Name, Err: err}
+			return nil, &OpError{Op: "wait for completions", Device: c.dev.Info.Name, Err: err}
 		}
 		c.wait = w
 	}
-	return c.wait, c.cq, nil
+	return c.wait, nil
 }
 
 func (c *CQ) waitEvent(ctx context.Context) error {
 	c.waiting.RLock()
 	defer c.waiting.RUnlock()
-	w, cq, err := c.waiter()
+	w, err := c.waiter()
 	if err != nil {
 		return err
 	}
-	var got bool
-	err = w.Wait(ctx, func() bool {
-		got = cq.GetEvent() // false: none queued, wait in the poller
-		return got
-	})
-	if got {
+	err = w.Wait(ctx, c.tryEvent)
+	if err == nil {
 		return nil
 	}
 	if ctx.Err() != nil {

@@ -127,6 +127,30 @@ static int rdmago_req_notify(struct ibv_cq *cq) {
 	return ibv_req_notify_cq(cq, 0);
 }
 
+// What a wait for completions does before it sleeps, in one crossing:
+// poll; when the CQ is empty and arm is set, arm it and poll again (a
+// completion may have landed before the arming). Returns the completions
+// taken, -1 when the poll failed, or -2 - the error of ibv_req_notify_cq.
+static int rdmago_poll_arm(uintptr_t cq, int n, uintptr_t scratch, uintptr_t out, int arm) {
+	int got = rdmago_poll_cq(cq, n, scratch, out);
+	if (got != 0 || !arm) {
+		return got;
+	}
+	int rc = ibv_req_notify_cq((struct ibv_cq *)cq, 0);
+	if (rc != 0) {
+		return -2 - rc;
+	}
+	return rdmago_poll_cq(cq, n, scratch, out);
+}
+
+// ibv_get_cq_event with its results kept on the C side: Go pointers to
+// them would put two variables on the Go heap per event.
+static int rdmago_get_cq_event(struct ibv_comp_channel *ch) {
+	struct ibv_cq *cq;
+	void *ctx;
+	return ibv_get_cq_event(ch, &cq, &ctx);
+}
+
 // The fields of a received UD completion that ibv_init_ah_from_wc reads.
 static int rdmago_ah_from_wc(struct ibv_context *ctx, uint8_t port, uint32_t flags, uint32_t src_qp,
 		uint16_t slid, uint8_t sl, uint16_t pkey_index, struct ibv_grh *grh, struct ibv_ah_attr *out) {
@@ -516,6 +540,13 @@ func (c *CQ) Pointer() unsafe.Pointer { return unsafe.Pointer(c.cq) }
 
 // Poll moves up to len(out) completions into out in one crossing.
 func (c *CQ) Poll(out []WC) (int, error) {
+	return c.PollArm(out, false)
+}
+
+// PollArm polls into out and, when the CQ is empty and arm is set, arms it
+// (ibv_req_notify_cq) and polls again, all in one crossing. A failed
+// arming is a *NotifyError.
+func (c *CQ) PollArm(out []WC, arm bool) (n int, err error) {
 	if len(out) > c.wcCap {
 		wc := (*C.struct_ibv_wc)(C.calloc(C.size_t(len(out)), C.sizeof_struct_ibv_wc))
 		if wc == nil {
@@ -524,11 +555,18 @@ func (c *CQ) Poll(out []WC) (int, error) {
 		C.free(unsafe.Pointer(c.wc))
 		c.wc, c.wcCap = wc, len(out)
 	}
-	n := int(C.rdmago_poll_cq(C.uintptr_t(uintptr(unsafe.Pointer(c.cq))), C.int(len(out)),
-		C.uintptr_t(uintptr(unsafe.Pointer(c.wc))), C.uintptr_t(uintptr(unsafe.Pointer(&out[0])))))
+	a := C.int(0)
+	if arm {
+		a = 1
+	}
+	n = int(C.rdmago_poll_arm(C.uintptr_t(uintptr(unsafe.Pointer(c.cq))), C.int(len(out)),
+		C.uintptr_t(uintptr(unsafe.Pointer(c.wc))), C.uintptr_t(uintptr(unsafe.Pointer(&out[0]))), a))
 	runtime.KeepAlive(out) // C wrote into it; the GC must not have freed it meanwhile
-	if n < 0 {
+	switch {
+	case n == -1:
 		return 0, syscall.EIO
+	case n < -1:
+		return 0, &NotifyError{syscall.Errno(-2 - n)}
 	}
 	return n, nil
 }
@@ -547,9 +585,7 @@ func (c *CQ) ChannelFD() int { return int(c.ch.fd) }
 // GetEvent takes one event off the completion channel (false when none is
 // queued), acking events in batches.
 func (c *CQ) GetEvent() bool {
-	var cq *C.struct_ibv_cq
-	var cqctx unsafe.Pointer
-	if C.ibv_get_cq_event(c.ch, &cq, &cqctx) != 0 {
+	if C.rdmago_get_cq_event(c.ch) != 0 {
 		return false
 	}
 	c.unacked++

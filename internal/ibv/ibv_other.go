@@ -59,6 +59,7 @@ type CQ struct{}
 
 func (c *CQ) Pointer() unsafe.Pointer    { return nil }
 func (c *CQ) Poll(out []WC) (int, error) { return 0, ErrNoCgo }
+func (c *CQ) PollArm(out []WC, arm bool) (int, error) { return 0, ErrNoCgo }
 func (c *CQ) ReqNotify() error           { return ErrNoCgo }
 func (c *CQ) ChannelFD() int             { return -1 }
 func (c *CQ) GetEvent() bool             { return false }

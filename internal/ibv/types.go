@@ -7,7 +7,10 @@
 // verbs converts them to and from its own.
 package ibv
 
-import "errors"
+import (
+	"errors"
+	"syscall"
+)
 
 // ErrNoCgo is what every call returns in a build without libibverbs.
 var ErrNoCgo = errors.New("built without cgo: libibverbs and librdmacm are not available " +
@@ -168,3 +171,9 @@ type RecvDesc struct {
 	ID     uint64
 	NumSGE uint32
 }
+
+// NotifyError is a failed ibv_req_notify_cq inside CQ.PollArm.
+type NotifyError struct{ Err syscall.Errno }
+
+func (e *NotifyError) Error() string { return "ibv_req_notify_cq: " + e.Err.Error() }
+func (e *NotifyError) Unwrap() error { return e.Err }
