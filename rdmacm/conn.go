@@ -120,8 +120,12 @@ type conn struct {
 	// releases the objects, once the end has woken the waiters.
 	sendMu sync.Mutex
 	recvMu sync.Mutex
-	wrID   atomic.Uint64
-	mrMu   sync.Mutex // guards res.mrs and res.ahs
+	// The contexts that end with a waiter's or the connection, kept
+	// across waits with the same caller's context; guarded by sendMu and
+	// recvMu.
+	sendWait, recvWait mergedContext
+	wrID               atomic.Uint64
+	mrMu               sync.Mutex // guards res.mrs and res.ahs
 	// released: Close released the verbs objects. Written with sendMu,
 	// recvMu and mrMu held: any one of them guards a read.
 	released bool
@@ -300,19 +304,15 @@ func (c *conn) endContext() context.Context {
 // arrives, ctx ends or the connection ends. A wait the end interrupts
 // polls once more, for a completion that came with it, and otherwise
 // fails with the ended error. The caller holds the CQ's lock (sendMu or
-// recvMu) and has checked released.
-func (c *conn) pollWait(ctx context.Context, op string, cq *verbs.CQ, wcs []verbs.WorkCompletion) (int, error) {
-	var n int
-	var err error
+// recvMu), which guards m, and has checked released.
+func (c *conn) pollWait(ctx context.Context, op string, cq *verbs.CQ, m *mergedContext, wcs []verbs.WorkCompletion) (int, error) {
+	var wctx context.Context
 	if ctx.Done() == nil {
-		n, err = cq.PollWait(c.endContext(), wcs) // nothing to merge
+		wctx = c.endContext() // nothing to merge
 	} else {
-		wctx, cancel := context.WithCancel(ctx)
-		stop := context.AfterFunc(c.endContext(), cancel)
-		n, err = cq.PollWait(wctx, wcs)
-		stop()
-		cancel()
+		wctx = m.get(ctx, c.endContext())
 	}
+	n, err := cq.PollWait(wctx, wcs)
 	if err == nil {
 		return n, nil
 	}
@@ -323,6 +323,35 @@ func (c *conn) pollWait(ctx context.Context, op string, cq *verbs.CQ, wcs []verb
 		return 0, c.endedError(op)
 	}
 	return 0, c.opError(op, nil, err)
+}
+
+// mergedContext is a context that ends with either of two, kept for the
+// next wait with the same first one: a loop that waits again and again
+// with one context sets none up per wait.
+type mergedContext struct {
+	parent context.Context
+	ctx    context.Context
+	cancel context.CancelFunc
+	stop   func() bool
+}
+
+// get returns a context that ends when parent or end does.
+func (m *mergedContext) get(parent, end context.Context) context.Context {
+	if m.ctx != nil && m.parent == parent {
+		return m.ctx
+	}
+	m.release()
+	ctx, cancel := context.WithCancel(parent)
+	*m = mergedContext{parent: parent, ctx: ctx, cancel: cancel, stop: context.AfterFunc(end, cancel)}
+	return ctx
+}
+
+func (m *mergedContext) release() {
+	if m.ctx != nil {
+		m.stop()
+		m.cancel()
+		*m = mergedContext{}
+	}
 }
 
 // onEvent handles the events of an established connection. ESTABLISHED
@@ -449,6 +478,8 @@ func (c *conn) Close() error {
 		c.recvMu.Lock()
 		c.mrMu.Lock()
 		c.released = true
+		c.sendWait.release()
+		c.recvWait.release()
 		start := time.Now()
 		c.closeErr = c.res.close()
 		c.mrMu.Unlock()
@@ -588,7 +619,7 @@ func (c *conn) Recv(ctx context.Context) (verbs.WorkCompletion, error) {
 		if n, _ := c.rcq.Poll(wc[:]); n == 0 {
 			return verbs.WorkCompletion{}, c.endedError("receive")
 		}
-	} else if _, err := c.pollWait(ctx, "receive", c.rcq, wc[:]); err != nil {
+	} else if _, err := c.pollWait(ctx, "receive", c.rcq, &c.recvWait, wc[:]); err != nil {
 		return verbs.WorkCompletion{}, err
 	}
 	if wc[0].Status != verbs.WCSuccess {
@@ -686,7 +717,7 @@ func (c *conn) post(ctx context.Context, op string, wr verbs.SendWR) error {
 			if n, _ = c.scq.Poll(wcs[:]); n == 0 {
 				return c.endedError(op)
 			}
-		} else if n, err = c.pollWait(ctx, op, c.scq, wcs[:]); err != nil {
+		} else if n, err = c.pollWait(ctx, op, c.scq, &c.sendWait, wcs[:]); err != nil {
 			return err
 		}
 		for _, wc := range wcs[:n] {
