@@ -135,16 +135,21 @@ type Conn struct {
 	sendSize int
 	nSend    int
 
-	mu        sync.Mutex
-	led       ledger
-	changed   chan struct{} // closed and replaced when anything a waiter waits for changes
-	queue     []*Message
-	freeSend  []int
-	freeCtl   []int
-	released  []int // receive buffers given back, to post again
-	peerReady bool  // the dialer's HELLO arrived (accepting side); always on the dialing side
-	peerFin   bool
-	finSent   bool
+	mu      sync.Mutex
+	led     ledger
+	changed chan struct{} // closed and replaced when anything a waiter waits for changes
+	// changedTaken: a waiter holds changed; a broadcast with none replaces nothing.
+	changedTaken bool
+	queue        []*Message
+	freeSend     []int
+	freeCtl      []int
+	released     []int // receive buffers given back, to post again
+	// The work requests that post them, kept for the next time.
+	repost     []verbs.RecvWR
+	repostSGEs []verbs.SGE
+	peerReady  bool // the dialer's HELLO arrived (accepting side); always on the dialing side
+	peerFin    bool
+	finSent    bool
 	// helloSent: the dialer's HELLO went out (the accepting side sends
 	// none, and starts with it set).
 	helloSent bool
@@ -175,6 +180,7 @@ func newConn(rc *rdmacm.Conn, o *Config, local, peer hello, pool *verbs.MR, acce
 		led: newLedger(local, peer), changed: make(chan struct{}), peerReady: !accepting, helloSent: accepting,
 		loopDone: make(chan struct{}),
 	}
+	c.repost, c.repostSGEs = make([]verbs.RecvWR, c.nRecv), make([]verbs.SGE, c.nRecv)
 	mr, err := rc.RegisterMemory((c.nSend+replySlots)*c.sendSize, 0)
 	if err != nil {
 		return nil, fmt.Errorf("register %d send buffers of %d bytes: %w", c.nSend+replySlots, c.sendSize, err)
@@ -208,8 +214,17 @@ func (c *Conn) opError(op string, err error) error {
 
 // broadcastLocked wakes every waiter.
 func (c *Conn) broadcastLocked() {
-	close(c.changed)
-	c.changed = make(chan struct{})
+	if c.changedTaken {
+		close(c.changed)
+		c.changed = make(chan struct{})
+		c.changedTaken = false
+	}
+}
+
+// changedLocked is the channel a waiter waits on for the next change.
+func (c *Conn) changedLocked() <-chan struct{} {
+	c.changedTaken = true
+	return c.changed
 }
 
 // sendErrLocked is why nothing can be sent, or nil.
@@ -284,7 +299,7 @@ func (c *Conn) sendFrame(ctx context.Context, op string, t frameType, p []byte) 
 			}
 			return nil
 		}
-		ch := c.changed
+		ch := c.changedLocked()
 		c.mu.Unlock()
 		if ready && c.scqMu.TryLock() {
 			err := c.reapWait(ctx)
@@ -417,9 +432,10 @@ func (c *Conn) flushLocked(force bool) {
 	if !force && uint32(n) < c.led.batch() && !c.led.starving() {
 		return
 	}
-	wrs := make([]verbs.RecvWR, n)
+	wrs, sges := c.repost[:n], c.repostSGEs[:n]
 	for i, idx := range c.released {
-		wrs[i] = verbs.RecvWR{ID: uint64(idx), SGEs: []verbs.SGE{c.recvMR.SGE(idx*c.recvSize, c.recvSize)}}
+		sges[i] = c.recvMR.SGE(idx*c.recvSize, c.recvSize)
+		wrs[i] = verbs.RecvWR{ID: uint64(idx), SGEs: sges[i : i+1 : i+1]}
 	}
 	if err := c.qp.PostRecv(wrs...); err != nil {
 		if c.rc.Err() == nil {
@@ -464,9 +480,34 @@ func (c *Conn) release(idx int) {
 	}
 	c.released = append(c.released, idx)
 	c.flushLocked(false)
-	if c.led.wantCredit() && c.led.canSendCredit() {
-		c.wakeLocked()
+	if !c.sendCreditsLocked() {
+		c.wakeLocked() // its goroutine waits for a control buffer
 	}
+}
+
+// sendCreditsLocked sends the CREDIT frames the peer should have now,
+// without waiting. It reports false when one should go but every control
+// buffer is still in flight: waiting for one is the connection
+// goroutine's job (housekeep).
+func (c *Conn) sendCreditsLocked() bool {
+	for c.led.wantCredit() && c.led.canSendCredit() {
+		if c.closed || c.failed != nil || c.rc.Err() != nil {
+			return true
+		}
+		if len(c.freeCtl) == 0 {
+			c.reapLocked()
+		}
+		if len(c.freeCtl) == 0 {
+			return false
+		}
+		slot := c.freeCtl[len(c.freeCtl)-1]
+		c.freeCtl = c.freeCtl[:len(c.freeCtl)-1]
+		h := c.led.outgoing(frameCredit)
+		if err := c.postLocked(ctlID|uint64(slot), (c.nSend+slot)*c.sendSize, h, nil); err != nil {
+			return true // the connection failed, which postLocked recorded
+		}
+	}
+	return true
 }
 
 // wakeLocked has the connection's goroutine look for work (a CREDIT frame
@@ -509,7 +550,7 @@ func (c *Conn) Recv(ctx context.Context) (*Message, error) {
 			c.mu.Unlock()
 			return nil, io.EOF
 		}
-		ch := c.changed
+		ch := c.changedLocked()
 		c.mu.Unlock()
 		select {
 		case <-ch:
@@ -535,6 +576,9 @@ func (c *Conn) Recv(ctx context.Context) (*Message, error) {
 // order, checks them and queues the messages, and sends CREDIT frames.
 func (c *Conn) loop() {
 	defer close(c.loopDone)
+	var ctx context.Context
+	cancel := context.CancelFunc(func() {})
+	defer func() { cancel() }()
 	for {
 		if err := c.housekeep(); err != nil {
 			if c.loopCtx.Err() == nil {
@@ -548,14 +592,17 @@ func (c *Conn) loop() {
 			c.mu.Unlock()
 			continue
 		}
-		ctx, cancel := context.WithCancel(c.loopCtx)
+		// One wait context serves until a wake-up ends it: rdmacm keeps
+		// what it sets up for a context across waits with the same one.
+		if ctx == nil || ctx.Err() != nil {
+			ctx, cancel = context.WithCancel(c.loopCtx)
+		}
 		c.wake = cancel
 		c.mu.Unlock()
 		wc, err := c.rc.Recv(ctx)
 		c.mu.Lock()
 		c.wake = nil
 		c.mu.Unlock()
-		cancel()
 		if c.loopCtx.Err() != nil {
 			return
 		}
@@ -707,31 +754,22 @@ func (c *Conn) housekeep() error {
 			return nil
 		}
 		c.flushLocked(false)
-		if !c.led.wantCredit() || !c.led.canSendCredit() {
+		if c.sendCreditsLocked() {
+			err := c.failed
 			c.mu.Unlock()
-			return nil
-		}
-		if len(c.freeCtl) == 0 {
-			c.reapLocked()
-		}
-		if len(c.freeCtl) == 0 {
-			c.mu.Unlock()
-			c.scqMu.Lock()
-			err := c.reapWait(c.loopCtx)
-			c.scqMu.Unlock()
-			if err != nil {
+			if err != nil && c.rc.Err() == nil {
 				return err
 			}
-			c.mu.Lock()
-			continue
+			return nil
 		}
-		slot := c.freeCtl[len(c.freeCtl)-1]
-		c.freeCtl = c.freeCtl[:len(c.freeCtl)-1]
-		h := c.led.outgoing(frameCredit)
-		if err := c.postLocked(ctlID|uint64(slot), (c.nSend+slot)*c.sendSize, h, nil); err != nil {
-			c.mu.Unlock()
+		c.mu.Unlock()
+		c.scqMu.Lock()
+		err := c.reapWait(c.loopCtx)
+		c.scqMu.Unlock()
+		if err != nil {
 			return err
 		}
+		c.mu.Lock()
 	}
 }
 
