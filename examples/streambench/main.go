@@ -24,6 +24,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"sort"
 	"sync"
 	"time"
@@ -38,6 +39,7 @@ type config struct {
 	conns, size, n  int
 	bytes           int64
 	json            bool
+	cpuprofile      string
 }
 
 func parse(args []string, out io.Writer) (config, error) {
@@ -53,6 +55,7 @@ func parse(args []string, out io.Writer) (config, error) {
 	fs.IntVar(&c.n, "n", 1000, "round trips (lat) or messages (rate)")
 	fs.Int64Var(&c.bytes, "bytes", 64<<20, "bytes each connection writes (bw)")
 	fs.BoolVar(&c.json, "json", false, "print the result as JSON")
+	fs.StringVar(&c.cpuprofile, "cpuprofile", "", "write a CPU profile of the whole run to `file`")
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}
@@ -98,6 +101,17 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	c, err := parse(args, out)
 	if err != nil {
 		return err
+	}
+	if c.cpuprofile != "" {
+		f, err := os.Create(c.cpuprofile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
 	}
 	if c.listen != "" {
 		return serve(ctx, c, out)
