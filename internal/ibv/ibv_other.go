@@ -57,13 +57,13 @@ func (m *MR) Dereg() error { return nil }
 // CQ is a completion queue.
 type CQ struct{}
 
-func (c *CQ) Pointer() unsafe.Pointer    { return nil }
-func (c *CQ) Poll(out []WC) (int, error) { return 0, ErrNoCgo }
+func (c *CQ) Pointer() unsafe.Pointer                 { return nil }
+func (c *CQ) Poll(out []WC) (int, error)              { return 0, ErrNoCgo }
 func (c *CQ) PollArm(out []WC, arm bool) (int, error) { return 0, ErrNoCgo }
-func (c *CQ) ReqNotify() error           { return ErrNoCgo }
-func (c *CQ) ChannelFD() int             { return -1 }
-func (c *CQ) GetEvent() bool             { return false }
-func (c *CQ) Destroy() error             { return nil }
+func (c *CQ) ReqNotify() error                        { return ErrNoCgo }
+func (c *CQ) ChannelFD() int                          { return -1 }
+func (c *CQ) GetEvent() bool                          { return false }
+func (c *CQ) Destroy() error                          { return nil }
 
 // AH is an address handle.
 type AH struct{}
