@@ -33,6 +33,26 @@ type Config struct {
 	// stream (FIN) and the messages still in flight to the peer (default
 	// 2 s); the disconnect that follows has the rdmacm ConnConfig's own.
 	CloseTimeout time.Duration
+
+	// KeepAlive, when positive, has the connection probe a silent peer:
+	// once this long has passed without a frame from it, this side posts a
+	// zero-length RDMA READ, which the peer's device answers without its
+	// application (a peer program that is busy or stopped still answers; a
+	// host that is gone or a cut link does not). When no answer comes
+	// within KeepAliveTimeout, or the probe fails, the connection fails
+	// with an error matching ErrPeerUnresponsive: every pending and later
+	// call returns it, and the connection disconnects. A dead peer is
+	// noticed within 2 × KeepAlive + KeepAliveTimeout (and the timers'
+	// slack); a peer whose link went down on its own side learns of it
+	// from its device at once.
+	// Zero (the default) sends no probes: a peer that vanishes without a
+	// word is then noticed only when a transfer to it fails, which on iWARP
+	// waits for TCP to give up (minutes). The probe needs the peer to accept
+	// one RDMA READ (its ConnConfig.ResponderResources not negative).
+	KeepAlive time.Duration
+	// KeepAliveTimeout bounds the wait for a probe's answer (default:
+	// KeepAlive).
+	KeepAliveTimeout time.Duration
 }
 
 const (
@@ -72,6 +92,15 @@ func (c *Config) resolve() (Config, error) {
 		return o, fmt.Errorf("Config.SendBuffers %d outside 1 to %d", o.SendBuffers, maxCredits)
 	case o.CloseTimeout < 0:
 		return o, fmt.Errorf("Config.CloseTimeout %v is negative", o.CloseTimeout)
+	case o.KeepAlive < 0:
+		return o, fmt.Errorf("Config.KeepAlive %v is negative", o.KeepAlive)
+	case o.KeepAliveTimeout < 0:
+		return o, fmt.Errorf("Config.KeepAliveTimeout %v is negative", o.KeepAliveTimeout)
+	case o.KeepAliveTimeout > 0 && o.KeepAlive == 0:
+		return o, errors.New("Config.KeepAliveTimeout is set but KeepAlive is not: probes are off")
+	}
+	if o.KeepAlive > 0 && o.KeepAliveTimeout == 0 {
+		o.KeepAliveTimeout = o.KeepAlive
 	}
 	return o, nil
 }
@@ -86,9 +115,10 @@ func (o *Config) hello() hello {
 }
 
 // qpCap is the QP the flow control needs: a send queue for every send
-// buffer and CREDIT frame, a receive queue for every credit and reply slot.
+// buffer, CREDIT frame and the keepalive probe, a receive queue for every
+// credit and reply slot.
 func (o *Config) qpCap() verbs.QPCap {
-	return verbs.QPCap{MaxSendWR: uint32(o.SendBuffers + replySlots), MaxRecvWR: uint32(o.creditBuffers() + replySlots),
+	return verbs.QPCap{MaxSendWR: uint32(o.SendBuffers + replySlots + 1), MaxRecvWR: uint32(o.creditBuffers() + replySlots),
 		MaxSendSGE: 1, MaxRecvSGE: 1}
 }
 
@@ -158,6 +188,8 @@ type Conn struct {
 	wake      context.CancelFunc
 	wakeReq   bool
 
+	ka keepalive
+
 	// scqMu is held by whoever polls the send CQ: one at a time.
 	scqMu sync.Mutex
 
@@ -194,6 +226,7 @@ func newConn(rc *rdmacm.Conn, o *Config, local, peer hello, pool *verbs.MR, acce
 	}
 	c.loopCtx, c.loopStop = context.WithCancel(context.Background())
 	go c.loop()
+	c.startKeepalive(o)
 	return c, nil
 }
 
@@ -405,6 +438,10 @@ func (c *Conn) reapWait(ctx context.Context) error {
 // connection: the peer is gone or the path broke.
 func (c *Conn) sentLocked(wcs []verbs.WorkCompletion) {
 	for _, wc := range wcs {
+		if wc.ID == probeID {
+			c.probeDoneLocked(wc)
+			continue
+		}
 		if wc.ID&ctlID != 0 {
 			c.freeCtl = append(c.freeCtl, int(wc.ID&^ctlID))
 		} else {
@@ -711,6 +748,7 @@ func (c *Conn) handle(wc verbs.WorkCompletion) error {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.ka.heard++
 	if err := c.led.incoming(h); err != nil {
 		return err
 	}
@@ -795,6 +833,7 @@ func (c *Conn) Close() error {
 		c.closed = true
 		c.broadcastLocked()
 		c.mu.Unlock()
+		c.stopKeepalive()
 		c.loopStop()
 		<-c.loopDone
 		c.scqMu.Lock()

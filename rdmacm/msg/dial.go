@@ -34,6 +34,9 @@ func Dial(ctx context.Context, d *rdmacm.Dialer, address string, cfg *Config) (*
 	if err := checkConnConfig(&dd.ConnConfig); err != nil {
 		return fail(err)
 	}
+	if err := checkKeepalive(&o, &dd.ConnConfig); err != nil {
+		return fail(err)
+	}
 	if len(dd.PrivateData) > 0 {
 		return fail(errors.New("the Dialer's PrivateData must be empty: the connect request carries the message hello"))
 	}
@@ -121,6 +124,9 @@ func Listen(ctx context.Context, lc *rdmacm.ListenConfig, address string, cfg *C
 		c = *lc
 	}
 	if err := checkConnConfig(&c.ConnConfig); err != nil {
+		return fail(err)
+	}
+	if err := checkKeepalive(&o, &c.ConnConfig); err != nil {
 		return fail(err)
 	}
 	c.Cap = o.qpCap()

@@ -79,10 +79,13 @@
 // reply slot) ends the connection: the error matches ErrProtocol and says
 // what the peer sent. A peer that goes away ends it too, and the calls
 // waiting and the next ones fail with an error that matches rdmacm.ErrEnded
-// (or ErrTransport, when a transfer failed first). There is no keepalive:
-// a peer that vanishes without its kernel disconnecting (a host that dies,
-// a cut link) is noticed only when a send fails, after the QP's retries
-// (on iWARP, TCP's), or by the application's own timeouts.
+// (or ErrTransport, when a transfer failed first). A peer that vanishes
+// without its kernel disconnecting (a host that dies, a cut link) is
+// noticed, by default, only when a send fails, after the QP's retries (on
+// iWARP, TCP's: minutes). Config.KeepAlive turns on probes: a zero-length
+// RDMA READ after a silent period, which the peer's device answers; a probe
+// left unanswered fails the connection with ErrPeerUnresponsive within
+// 2 × KeepAlive + KeepAliveTimeout, on RoCE and on iWARP.
 //
 // # Memory
 //

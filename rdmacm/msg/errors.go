@@ -28,6 +28,10 @@ var (
 	// ErrTransport: a work request failed on the device (the peer is
 	// gone, or the path broke); the connection was ended.
 	ErrTransport = errors.New("RDMA transfer failed")
+	// ErrPeerUnresponsive: the peer's device stopped answering the
+	// keepalive probes (Config.KeepAlive): its host is gone or the path to
+	// it broke. The connection was ended.
+	ErrPeerUnresponsive = errors.New("peer stopped answering")
 )
 
 // OpError is the error of a call on a message connection: what was being

@@ -10,9 +10,12 @@ import (
 	"net/netip"
 	"os"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/rdmago/rdmago/rdmacm"
 )
 
 func frame(h header, payload []byte) []byte {
@@ -113,11 +116,18 @@ func TestConfigDefaultsAndLimits(t *testing.T) {
 	c := o.qpCap()
 	assert.EqualValues(t, 32+1+replySlots, c.MaxRecvWR, "a receive for every credit, FIN's and every reply slot")
 	assert.EqualValues(t, 33, o.hello().credits, "the hello counts FIN's buffer")
-	assert.EqualValues(t, 32+replySlots, c.MaxSendWR, "a send for every buffer and CREDIT frame")
-	for _, bad := range []Config{{MaxMessageSize: -1}, {Credits: maxCredits}, {SendBuffers: -2}, {CloseTimeout: -1}} {
+	assert.EqualValues(t, 32+replySlots+1, c.MaxSendWR, "a send for every buffer, CREDIT frame and the keepalive probe")
+	assert.Zero(t, o.KeepAlive, "no probes by default")
+	for _, bad := range []Config{{MaxMessageSize: -1}, {Credits: maxCredits}, {SendBuffers: -2}, {CloseTimeout: -1},
+		{KeepAlive: -1}, {KeepAlive: time.Second, KeepAliveTimeout: -1}, {KeepAliveTimeout: time.Second}} {
 		_, err := bad.resolve()
 		assert.Error(t, err, "%+v", bad)
 	}
+	o, err = (&Config{KeepAlive: 3 * time.Second}).resolve()
+	require.NoError(t, err)
+	assert.Equal(t, 3*time.Second, o.KeepAliveTimeout, "the answer's wait defaults to the period")
+	assert.Error(t, checkKeepalive(&o, &rdmacm.ConnConfig{InitiatorDepth: -1}), "a probe needs a READ")
+	assert.NoError(t, checkKeepalive(&o, &rdmacm.ConnConfig{}))
 	assert.Equal(t, 0, slotSize(100)%slotAlign)
 	assert.GreaterOrEqual(t, slotSize(100), HeaderSize+100)
 }

@@ -57,6 +57,9 @@ func TestMain(m *testing.M) {
 		peerMain(addr)
 		return
 	}
+	if spec := os.Getenv(keepalivePeerEnv); spec != "" {
+		os.Exit(keepalivePeer(spec))
+	}
 	if top, err := testbed.Load(); err == nil {
 		// librdmacm opens every device on first use and keeps them for
 		// the life of the process: not a leak of the first test's.

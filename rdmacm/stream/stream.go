@@ -9,8 +9,8 @@
 // (its Read returns io.EOF) and disconnects, bounded by
 // msg.Config.CloseTimeout when the peer is gone; CloseWrite half-closes.
 // A peer whose process exits is noticed at once (its kernel disconnects);
-// there is no keepalive, so a peer that vanishes silently (its host, or
-// the link) shows only when a write fails: set deadlines.
+// one that vanishes silently (its host, or the link) shows only when a
+// write fails, unless msg.Config.KeepAlive probes it.
 //
 //	l, _ := stream.Listen(ctx, nil, "10.0.0.1:7471", nil)
 //	go http.Serve(l, handler)
