@@ -2,6 +2,7 @@ package testbed
 
 import (
 	"net/netip"
+	"strings"
 	"testing"
 	"testing/fstest"
 
@@ -43,4 +44,21 @@ func TestParseTopology(t *testing.T) {
 func TestLoadOutsideGuest(t *testing.T) {
 	_, err := loadFrom(fstest.MapFS{}, "run/rdmago/topology.json")
 	assert.ErrorIs(t, err, ErrNotInGuest)
+}
+
+func TestCostModelQemuArgs(t *testing.T) {
+	o, err := (&Options{Cache: t.TempDir(), CostModel: true}).withDefaults()
+	assert.NoError(t, err)
+	assert.Equal(t, 1, o.CPUs, "a cost-model guest defaults to one vCPU")
+	args := strings.Join(qemuArgs(o, &Assets{}, "kvm", ""), " ")
+	assert.Contains(t, args, "-smp 1 ")
+	assert.Contains(t, args, "-accel tcg,thread=single -icount shift=0,sleep=off", "instructions are counted, even where KVM works")
+	assert.NotContains(t, args, "-accel kvm")
+
+	o, err = (&Options{Cache: t.TempDir()}).withDefaults()
+	assert.NoError(t, err)
+	assert.NotContains(t, strings.Join(qemuArgs(o, &Assets{}, "tcg", ""), " "), "icount", "the normal guest follows the host's clock")
+
+	_, err = (&Options{Cache: t.TempDir(), CostModel: true, CPUs: 2}).withDefaults()
+	assert.ErrorContains(t, err, "one vCPU, not 2")
 }

@@ -56,6 +56,17 @@ type Options struct {
 	Progress io.Writer
 	// BootTimeout bounds the wait for a guest's agent. Default: 3 minutes.
 	BootTimeout time.Duration
+	// CostModel boots a guest whose clock counts instructions instead of
+	// following the host's: single-threaded emulation with qemu's
+	// -icount shift=0,sleep=off, so that one guest nanosecond is one guest
+	// instruction and idle time jumps to the next timer. Timings inside it
+	// repeat within a few percent whatever else the host is doing, which
+	// makes Go-against-C ratios comparable to a few percent (see
+	// bench/notes.md). It always emulates (KVM has no instruction count)
+	// and runs one vCPU: with two, the guest hangs bringing up the second
+	// CPU. Busy-polling ends sharing that vCPU measure the scheduler, not
+	// the device: measure them on a normal guest.
+	CostModel bool
 }
 
 func (o *Options) progress() io.Writer {
@@ -89,8 +100,14 @@ func (o *Options) withDefaults() (Options, error) {
 	if len(r.Writable) == 0 {
 		r.Writable = []string{WorkDir()}
 	}
+	if r.CostModel && r.CPUs > 1 {
+		return r, fmt.Errorf("testbed: a cost-model guest runs one vCPU, not %d (qemu's instruction counting hangs bringing up a second)", r.CPUs)
+	}
 	if r.CPUs == 0 {
 		r.CPUs = 2
+		if r.CostModel {
+			r.CPUs = 1
+		}
 	}
 	if r.MemoryMB == 0 {
 		r.MemoryMB = 2048
@@ -253,9 +270,13 @@ func qemuArgs(o Options, a *Assets, accel, cmdline string) []string {
 		"-append", cmdline,
 		"-virtfs", "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap",
 	}
-	if accel == "kvm" {
+	switch {
+	case o.CostModel:
+		// Instruction counting needs one emulation thread for all vCPUs.
+		args = append(args, "-accel", "tcg,thread=single", "-icount", "shift=0,sleep=off")
+	case accel == "kvm":
 		args = append(args, "-accel", "kvm")
-	} else {
+	default:
 		args = append(args, "-accel", "tcg,thread=multi")
 	}
 	for i, dir := range o.Writable {
@@ -293,7 +314,11 @@ func boot(ctx context.Context, o Options, a *Assets, role string, extra []string
 	g.qemu.Stdout, g.qemu.Stderr = &qemuOut, &qemuOut
 	// qemu must not outlive us even if we die without cleaning up.
 	g.qemu.SysProcAttr = dieWithParent()
-	o.logf("booting guest %q (%s, %d vCPUs)", role, a.Accel, o.CPUs)
+	how := a.Accel
+	if o.CostModel {
+		how = "cost model: tcg, instructions counted"
+	}
+	o.logf("booting guest %q (%s, %d vCPUs)", role, how, o.CPUs)
 	start := time.Now()
 	if err := g.qemu.Start(); err != nil {
 		os.RemoveAll(tmp)

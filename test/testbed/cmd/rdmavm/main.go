@@ -1,9 +1,9 @@
 // Command rdmavm runs commands against real Soft-RoCE (rxe) and Soft-iWARP
 // (siw) devices in a qemu guest, on hosts whose kernel has no RDMA.
 //
-//	rdmavm prepare                 fetch and build the guest kernel, siw and initramfs
-//	rdmavm exec PROGRAM [ARGS...]  run PROGRAM in a fresh guest; exit with its status
-//	rdmavm shell                   a shell in a guest, for debugging
+//	rdmavm prepare                            fetch and build the guest kernel, siw and initramfs
+//	rdmavm exec [-cost-model] PROGRAM [ARGS...]  run PROGRAM in a fresh guest; exit with its status
+//	rdmavm shell [-cost-model]                    a shell in a guest, for debugging
 //
 // exec is shaped for go test:
 //
@@ -13,6 +13,13 @@
 // guest's topology is in /run/rdmago/topology.json (package testbed reads it).
 // When the program fails, the guest's kernel log is printed after its output.
 //
+// -cost-model boots the guest whose clock counts instructions (one vCPU,
+// qemu's -icount; see testbed.Options.CostModel), for timings that repeat,
+// and runs a copy of PROGRAM from the guest's memory, so that no page of it
+// is fetched from the host inside a timed step:
+//
+//	go test -exec "rdmavm exec -cost-model" -tags integration -bench . ./rdmacm
+//
 // Environment: RDMAGO_TESTBED_CACHE (where assets are cached),
 // RDMAGO_TESTBED_ACCEL (kvm or tcg, to skip the KVM probe).
 package main
@@ -20,6 +27,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"os/signal"
@@ -43,11 +51,15 @@ func main() {
 	case "prepare":
 		_, err = testbed.Prepare(ctx, opts)
 	case "exec":
-		if len(os.Args) < 3 {
+		args := guestFlags(&opts, os.Args[2:])
+		if len(args) == 0 {
 			usage()
 		}
-		code, err = execInGuest(ctx, opts, os.Args[2:])
+		code, err = execInGuest(ctx, opts, args)
 	case "shell":
+		if len(guestFlags(&opts, os.Args[2:])) > 0 {
+			usage()
+		}
 		err = testbed.Shell(ctx, opts)
 	default:
 		usage()
@@ -60,8 +72,19 @@ func main() {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: rdmavm prepare | exec PROGRAM [ARGS...] | shell")
+	fmt.Fprintln(os.Stderr, "usage: rdmavm prepare | exec [-cost-model] PROGRAM [ARGS...] | shell [-cost-model]")
 	os.Exit(2)
+}
+
+// guestFlags reads the flags that choose the guest, up to the program's
+// name, and returns what follows them.
+func guestFlags(opts *testbed.Options, args []string) []string {
+	fs := flag.NewFlagSet("rdmavm", flag.ExitOnError)
+	fs.BoolVar(&opts.CostModel, "cost-model", false, "count instructions as the guest's time (one vCPU)")
+	fs.IntVar(&opts.CPUs, "cpus", 0, "vCPUs (default 2, or 1 with -cost-model)")
+	fs.Usage = usage
+	_ = fs.Parse(args) // ExitOnError
+	return fs.Args()
 }
 
 func execInGuest(ctx context.Context, opts testbed.Options, argv []string) (int, error) {
@@ -84,6 +107,11 @@ func execInGuest(ctx context.Context, opts testbed.Options, argv []string) (int,
 		return 0, err
 	}
 	defer g.Close()
+	if opts.CostModel && strings.Contains(prog, "/") {
+		if prog, err = copyIntoGuest(ctx, g, prog); err != nil {
+			return 0, err
+		}
+	}
 	cmd := g.Command(ctx, prog, argv[1:]...)
 	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
 	err = cmd.Run()
@@ -97,6 +125,19 @@ func execInGuest(ctx context.Context, opts testbed.Options, argv []string) (int,
 		return 1, nil
 	}
 	return 0, err
+}
+
+// copyIntoGuest copies prog into the guest's memory (its /tmp is on the
+// tmpfs overlay) and returns the copy's path. Run from the host's 9p mount,
+// a program's first touch of each page waits for the host, and under the
+// cost model that wait lands, at random, inside whatever is being timed.
+func copyIntoGuest(ctx context.Context, g *testbed.Guest, prog string) (string, error) {
+	dst := filepath.Join("/tmp/rdmavm-exec", filepath.Base(prog))
+	out, err := g.Command(ctx, "/bin/sh", "-c", `mkdir -p "$(dirname "$2")" && cp "$1" "$2"`, "sh", prog, dst).CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("copying %s into the guest's memory: %v: %s", prog, err, out)
+	}
+	return dst, nil
 }
 
 func under(path, dir string) bool {
