@@ -162,6 +162,9 @@ type result struct {
 	pdErr   error    // closing the shared CQs and PD
 	failed  int
 	threads int
+	// Counted from before the first step to after the last.
+	counted profile.Counters
+	perConn profile.PerOp
 	peakRSS string
 }
 
@@ -209,7 +212,7 @@ func connectAll(ctx context.Context, c config) (*result, error) {
 		pd.Close()
 		return nil, err
 	}
-	r := &result{conns: c.conns, nodes: make([]*node, c.conns)}
+	r := &result{conns: c.conns, nodes: make([]*node, c.conns), counted: profile.Count()}
 	if c.manual {
 		// The modifies and the RTU follow each reply, inside connect.
 		r.within = []string{stepInitQP, stepRTRQP, stepRTSQP, stepEstablish}
@@ -291,6 +294,7 @@ func connectAll(ctx context.Context, c config) (*result, error) {
 	if err := errors.Join(cqs.close(), pd.Close()); err != nil {
 		r.pdErr = fmt.Errorf("closing the shared CQs and PD: %w", err)
 	}
+	r.perConn = r.counted.Since(c.conns)
 	r.threads = pprof.Lookup("threadcreate").Count()
 	r.peakRSS = procStatus("VmHWM")
 	return r, nil
@@ -539,7 +543,8 @@ func (r *result) print(out io.Writer) {
 	for _, w := range r.rows() {
 		fmt.Fprintf(out, "%-13s: %11.2f%11.2f%11.2f%11.2f\n", w.step, ms(w.total), ms(w.max), us(w.min), us(w.perConn))
 	}
-	fmt.Fprintf(out, "go process: %d OS threads created, peak RSS %s\n", r.threads, r.peakRSS)
+	fmt.Fprintf(out, "go process: %d OS threads created, peak RSS %s, per connection %.1f cgo calls and %.1f allocations\n",
+		r.threads, r.peakRSS, r.perConn.CgoCalls, r.perConn.Allocs)
 	if r.err != nil {
 		fmt.Fprintf(out, "%d of %d connections failed; the first: %v\n", r.failed, r.conns, r.err)
 	}

@@ -37,6 +37,7 @@ type config struct {
 	iters, bwIters  int
 	sizes           []int
 	bwSize          int
+	event           bool
 	json            bool
 	cpuprofile      *string
 }
@@ -61,6 +62,7 @@ func parse(args []string, out io.Writer) (config, error) {
 		}
 		return nil
 	})
+	fs.BoolVar(&c.event, "event", false, "sleep on the completion channel (through Go's poller) instead of busy-polling, as perftest's -e")
 	fs.BoolVar(&c.json, "json", false, "print the client's results as JSON")
 	c.cpuprofile = profile.Flag(fs)
 	if err := fs.Parse(args); err != nil {
@@ -96,7 +98,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 func measure(ctx context.Context, c config, out io.Writer) error {
 	switch {
 	case c.listen != "":
-		return serveOne(ctx, c.listen)
+		return serveOne(ctx, c.listen, c.event)
 	case c.connect != "":
 		r, err := dialAndMeasure(ctx, c, c.connect)
 		if err != nil {
@@ -136,7 +138,7 @@ func loopback(ctx context.Context, c config, address string) (*results, error) {
 			served <- err
 			return
 		}
-		served <- echo(ctx, conn, mem)
+		served <- echo(ctx, conn, mem, c.event)
 	}()
 	r, err := dialAndMeasure(ctx, c, addr)
 	if serr := <-served; err == nil && serr != nil {
@@ -145,7 +147,7 @@ func loopback(ctx context.Context, c config, address string) (*results, error) {
 	return r, err
 }
 
-func serveOne(ctx context.Context, addr string) error {
+func serveOne(ctx context.Context, addr string, event bool) error {
 	lc, mem := serverConfig()
 	l, err := lc.Listen(ctx, addr)
 	if err != nil {
@@ -156,7 +158,7 @@ func serveOne(ctx context.Context, addr string) error {
 	if err != nil {
 		return err
 	}
-	return echo(ctx, conn, mem)
+	return echo(ctx, conn, mem, event)
 }
 
 // capacity leaves room for the unsignaled sends of the latency test that
@@ -229,19 +231,11 @@ func serverConfig() (*rdmacm.ListenConfig, *serverMemory) {
 // The client speaks first because iWARP requires it (MPA): a message the
 // server sent first can reach the client together with the MPA reply, and
 // siw then fails the client's connect (CONNECT_ERROR, status -22).
-func echo(ctx context.Context, conn *rdmacm.Conn, mem *serverMemory) error {
+func echo(ctx context.Context, conn *rdmacm.Conn, mem *serverMemory, event bool) error {
 	defer conn.Close()
-	// The idle wait ends with the connection.
-	idle, cancel := context.WithCancel(ctx)
+	idle, cancel := untilEnded(ctx, conn)
 	defer cancel()
-	go func() {
-		select {
-		case <-conn.Done():
-			cancel()
-		case <-idle.Done():
-		}
-	}()
-	p := poller{conn: conn, idle: idle}
+	p := poller{conn: conn, idle: idle, event: event}
 	hello, err := p.next(ctx, conn.RecvCQ())
 	if err != nil {
 		return fmt.Errorf("waiting for the client's hello: %w", err)
@@ -277,7 +271,22 @@ func echo(ctx context.Context, conn *rdmacm.Conn, mem *serverMemory) error {
 	}
 }
 
-// poller busy-polls a connection's CQs.
+// untilEnded returns a context that ends with ctx or with the connection,
+// for waits on its completion channel.
+func untilEnded(ctx context.Context, conn *rdmacm.Conn) (context.Context, context.CancelFunc) {
+	wait, cancel := context.WithCancel(ctx)
+	go func() {
+		select {
+		case <-conn.Done():
+			cancel()
+		case <-wait.Done():
+		}
+	}()
+	return wait, cancel
+}
+
+// poller busy-polls a connection's CQs, or sleeps on their completion
+// channels in event mode.
 type poller struct {
 	conn  *rdmacm.Conn
 	wc    [signalEvery]verbs.WorkCompletion
@@ -288,6 +297,9 @@ type poller struct {
 	// spinning would take a CPU from the writes, as perftest's server
 	// does not poll then either.
 	idle context.Context
+	// event makes every wait sleep on the completion channel at once, as
+	// perftest's -e: both ends then wait through Go's runtime poller.
+	event bool
 }
 
 const idleSpins = 2 * 4096
@@ -298,7 +310,7 @@ func (p *poller) next(ctx context.Context, cq *verbs.CQ) (verbs.WorkCompletion, 
 	for spins := 0; ; spins++ {
 		var n int
 		var err error
-		if p.idle != nil && spins >= idleSpins {
+		if p.idle != nil && (p.event || spins >= idleSpins) {
 			n, err = cq.PollWait(p.idle, p.wc[:1])
 			if err != nil && p.idle.Err() != nil && ctx.Err() == nil {
 				return verbs.WorkCompletion{}, p.conn.Err() // the connection ended
@@ -382,6 +394,8 @@ type latencyRow struct {
 	P90us float64 `json:"p90_us"`
 	P99us float64 `json:"p99_us"`
 	MaxUs float64 `json:"max_us"`
+	// The client's cgo crossings and allocations per round trip.
+	profile.PerOp
 }
 
 func dialAndMeasure(ctx context.Context, c config, addr string) (*results, error) {
@@ -406,7 +420,9 @@ func dialAndMeasure(ctx context.Context, c config, addr string) (*results, error
 	if err != nil {
 		return nil, err
 	}
-	p := poller{conn: conn}
+	idle, cancel := untilEnded(ctx, conn)
+	defer cancel()
+	p := poller{conn: conn, idle: idle, event: c.event}
 	// The hello: on iWARP the dialing side must send first (see echo).
 	if err := p.send(ctx, send, 0, 1); err != nil {
 		return nil, fmt.Errorf("saying hello: %w", err)
@@ -448,7 +464,11 @@ func dialAndMeasure(ctx context.Context, c config, addr string) (*results, error
 func measureLatency(ctx context.Context, p *poller, send *verbs.MR, recv *receives, size, iters int) (latencyRow, error) {
 	const warmUp = 100
 	rtts := make([]time.Duration, 0, iters)
+	var counted profile.Counters
 	for i := 0; i < warmUp+iters; i++ {
+		if i == warmUp {
+			counted = profile.Count()
+		}
 		start := time.Now()
 		if err := p.send(ctx, send, 0, size); err != nil {
 			return latencyRow{}, err
@@ -467,11 +487,12 @@ func measureLatency(ctx context.Context, p *poller, send *verbs.MR, recv *receiv
 			return latencyRow{}, fmt.Errorf("the echo is %d bytes, want %d", wc.ByteLen, size)
 		}
 	}
+	perOp := counted.Since(iters)
 	slices.Sort(rtts)
 	half := func(q float64) float64 {
 		return float64(rtts[min(len(rtts)-1, int(q*float64(len(rtts))))]) / 2 / float64(time.Microsecond)
 	}
-	return latencyRow{Size: size, P50us: half(0.5), P90us: half(0.9), P99us: half(0.99), MaxUs: half(1)}, nil
+	return latencyRow{Size: size, P50us: half(0.5), P90us: half(0.9), P99us: half(0.99), MaxUs: half(1), PerOp: perOp}, nil
 }
 
 // measureBandwidth keeps up to bwDepth RDMA WRITEs of size bytes in flight
@@ -495,7 +516,13 @@ func measureBandwidth(ctx context.Context, p *poller, src *verbs.MR, window rdma
 				return 0, err
 			}
 		}
-		n, err := p.conn.SendCQ().Poll(p.wc[:])
+		var n int
+		var err error
+		if p.event {
+			n, err = p.conn.SendCQ().PollWait(p.idle, p.wc[:])
+		} else {
+			n, err = p.conn.SendCQ().Poll(p.wc[:])
+		}
 		if err != nil {
 			return 0, err
 		}

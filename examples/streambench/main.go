@@ -29,6 +29,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/rdmago/rdmago/examples/internal/profile"
 	"github.com/rdmago/rdmago/rdmacm/msg"
 	"github.com/rdmago/rdmago/rdmacm/stream"
 )
@@ -95,6 +96,9 @@ type result struct {
 	Rate    float64 `json:"msgs_per_s,omitempty"`  // rate
 	LatUs   float64 `json:"half_rtt_us,omitempty"` // lat: median half round trip
 	P99Us   float64 `json:"half_rtt_p99_us,omitempty"`
+	// The client's cgo crossings and allocations per round trip (lat),
+	// message (rate) or write (bw).
+	profile.PerOp
 }
 
 func run(ctx context.Context, args []string, out io.Writer) error {
@@ -234,6 +238,7 @@ func measureStream(ctx context.Context, c config) (result, error) {
 		}
 		buf := make([]byte, c.size)
 		rtts := make([]time.Duration, 0, c.n)
+		counted := profile.Count()
 		start := time.Now()
 		for i := 0; i < c.n; i++ {
 			t := time.Now()
@@ -246,6 +251,7 @@ func measureStream(ctx context.Context, c config) (result, error) {
 			rtts = append(rtts, time.Since(t))
 		}
 		r.Seconds = time.Since(start).Seconds()
+		r.PerOp = counted.Since(c.n)
 		r.LatUs, r.P99Us = halfRTT(rtts)
 		return r, nil
 	}
@@ -265,6 +271,7 @@ func measureStream(ctx context.Context, c config) (result, error) {
 	}
 	errs := make(chan error, c.conns)
 	var wg sync.WaitGroup
+	counted := profile.Count()
 	start := time.Now()
 	for _, conn := range conns {
 		wg.Add(1)
@@ -275,6 +282,7 @@ func measureStream(ctx context.Context, c config) (result, error) {
 	}
 	wg.Wait()
 	r.Seconds = time.Since(start).Seconds()
+	r.PerOp = counted.Since(int((c.bytes + int64(c.size) - 1) / int64(c.size) * int64(c.conns)))
 	close(errs)
 	for err := range errs {
 		if err != nil {
@@ -392,6 +400,7 @@ func measureMsg(ctx context.Context, c config) (result, error) {
 		if err := conn.Send(ctx, []byte(fmt.Sprintf("rate %d", c.n))); err != nil {
 			return r, err
 		}
+		counted := profile.Count()
 		start := time.Now()
 		for i := 0; i < c.n; i++ {
 			if err := conn.Send(ctx, buf); err != nil {
@@ -404,6 +413,7 @@ func measureMsg(ctx context.Context, c config) (result, error) {
 		}
 		m.Release()
 		r.Seconds = time.Since(start).Seconds()
+		r.PerOp = counted.Since(c.n)
 		r.Rate = float64(c.n) / r.Seconds
 		r.Bytes = int64(c.n) * int64(c.size)
 		return r, nil
@@ -412,6 +422,7 @@ func measureMsg(ctx context.Context, c config) (result, error) {
 		return r, err
 	}
 	rtts := make([]time.Duration, 0, c.n)
+	counted := profile.Count()
 	start := time.Now()
 	for i := 0; i < c.n; i++ {
 		t := time.Now()
@@ -426,6 +437,7 @@ func measureMsg(ctx context.Context, c config) (result, error) {
 		rtts = append(rtts, time.Since(t))
 	}
 	r.Seconds = time.Since(start).Seconds()
+	r.PerOp = counted.Since(c.n)
 	r.LatUs, r.P99Us = halfRTT(rtts)
 	return r, nil
 }

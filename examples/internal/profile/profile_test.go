@@ -26,3 +26,16 @@ func TestRunWritesTheProfileAndKeepsTheError(t *testing.T) {
 	err = Run(filepath.Join(t.TempDir(), "missing", "cpu.prof"), func() error { t.Fatal("ran without its profile"); return nil })
 	assert.ErrorContains(t, err, "cpu profile")
 }
+
+var sink []byte
+
+func TestCountersCountAllocations(t *testing.T) {
+	c := Count()
+	for range 100 {
+		sink = make([]byte, 1024)
+	}
+	p := c.Since(100)
+	assert.GreaterOrEqual(t, p.Allocs, 1.0, "each op made a heap allocation")
+	assert.Less(t, p.Allocs, 2.0)
+	assert.Zero(t, p.CgoCalls, "no op crossed into C")
+}
