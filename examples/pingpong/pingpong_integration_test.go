@@ -60,6 +60,34 @@ func TestListenConnectJSON(t *testing.T) {
 	assert.Equal(t, 4096, r.BWSize)
 }
 
+// Event mode (-event) on both ends, as the cost model measures it: every
+// wait sleeps on the completion channel, and the counters per round trip
+// come with the figures.
+func TestEventMode(t *testing.T) {
+	for _, dev := range interop.Devices {
+		t.Run(dev, func(t *testing.T) {
+			ctx := interop.Begin(t)
+			addr := interop.Addr(t, dev)
+			srv := interop.Go(func() error { return run(ctx, []string{"-listen", addr.String(), "-event"}, &bytes.Buffer{}) })
+			srv.WaitListening(t, ctx, addr)
+			var out bytes.Buffer
+			require.NoError(t, run(ctx, []string{"-connect", addr.String(), "-event", "-json", "-sizes", "64,4096", "-n", "200", "-bw-n", "200"}, &out))
+			require.NoError(t, srv.Wait())
+			var r results
+			require.NoError(t, json.Unmarshal(out.Bytes(), &r))
+			require.Len(t, r.Latency, 2)
+			for _, l := range r.Latency {
+				assert.Greater(t, l.P50us, 0.0)
+				// A round trip posts a send and a receive and waits for the
+				// echo: at least a crossing each, and a handful in all.
+				assert.GreaterOrEqual(t, l.CgoCalls, 2.0, "cgo calls per round trip")
+				assert.Less(t, l.CgoCalls, 20.0, "cgo calls per round trip")
+			}
+			assert.Greater(t, r.MBps, 0.0)
+		})
+	}
+}
+
 // On iWARP the dialing side must send first: a server message that reaches
 // the client with the MPA reply fails its connect on siw. So the server
 // sends nothing until the client's hello, and answers it with its window.
