@@ -63,3 +63,18 @@ func TestByRoundPairsEachRoundsFigures(t *testing.T) {
 	assert.Equal(t, "0.90 1.10 2.00", byRound(c, g))
 	assert.Equal(t, "(2 C rounds, 1 Go rounds)", byRound([]float64{1, 2}, []float64{1}))
 }
+
+func TestParsePerfStat(t *testing.T) {
+	// perf stat -x, as perf 6.1 writes it to -o: a comment, a blank line,
+	// then value,unit,event,run time,percentage,,
+	out := "# started on Wed Nov 25 14:00:00 2026\n\n145,,raw_syscalls:sys_enter,3923292,100.00,,\n52,,context-switches,3923292,100.00,,\n"
+	m, err := parsePerfStat(out)
+	require.NoError(t, err)
+	assert.Equal(t, 145.0, m["raw_syscalls:sys_enter"])
+	assert.Equal(t, 52.0, m["context-switches"])
+
+	_, err = parsePerfStat("<not counted>,,raw_syscalls:sys_enter,0,0.00,,\n52,,context-switches,1,100.00,,\n")
+	assert.ErrorContains(t, err, "counted no raw_syscalls:sys_enter")
+	_, err = parsePerfStat("52,,context-switches,1,100.00,,\n")
+	assert.ErrorContains(t, err, "printed no raw_syscalls:sys_enter")
+}

@@ -23,8 +23,10 @@ func main() {
 	bin := flag.String("bin", "bin", "directory of the built examples (cmtime, pingpong) and rdmacm.test")
 	out := flag.String("out", "bench/results.md", "where to write the report")
 	rounds := flag.Int("rounds", 5, "rounds per measurement (the median is reported)")
+	costModel := flag.Bool("cost-model", false, "this guest is a cost-model one (rdmavm exec -cost-model): measure in event mode")
+	appendTo := flag.Bool("append", false, "append the report to -out instead of replacing it")
 	flag.Parse()
-	if err := benchmark(*bin, *out, *rounds); err != nil {
+	if err := benchmark(*bin, *out, *rounds, *costModel, *appendTo); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
@@ -32,7 +34,7 @@ func main() {
 
 // benchmark measures, writes the report to out and prints it. The copies of the
 // Go tools go away on every path.
-func benchmark(bin, out string, rounds int) error {
+func benchmark(bin, out string, rounds int, costModel, appendTo bool) error {
 	// A thousand connections hold two descriptors each (their CQ
 	// channels) on either side; the guest runs us as root, so the hard
 	// limit can be raised too.
@@ -40,20 +42,32 @@ func benchmark(bin, out string, rounds int) error {
 	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &lim); err != nil {
 		return fmt.Errorf("raising the descriptor limit: %w", err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	if costModel {
+		if err := warm(); err != nil {
+			return err
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Minute)
 	defer cancel()
 	local, err := localCopies(bin, "cmtime", "pingpong", "streambench", "rdmacm.bench.test")
 	if err != nil {
 		return err
 	}
 	defer os.RemoveAll(local)
-	b := &bench{bin: local, rounds: rounds, profiles: filepath.Join(filepath.Dir(out), "profiles")}
+	b := &bench{bin: local, rounds: rounds, profiles: filepath.Join(filepath.Dir(out), "profiles"), costModel: costModel}
 	if err := os.MkdirAll(b.profiles, 0o755); err != nil {
 		return err
 	}
 	report, err := b.run(ctx)
 	if err != nil {
 		return err
+	}
+	if appendTo {
+		before, err := os.ReadFile(out)
+		if err != nil {
+			return fmt.Errorf("appending to the report: %w", err)
+		}
+		report = string(before) + "\n" + report
 	}
 	if err := os.WriteFile(out, []byte(report), 0o644); err != nil {
 		return err
