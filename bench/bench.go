@@ -61,6 +61,9 @@ func (b *bench) run(ctx context.Context) (string, error) {
 	}
 	uname, _ := exec.Command("uname", "-r").Output()
 	when := time.Now().UTC().Format("2006-01-02 15:04 UTC")
+	if rev, err := exec.Command("git", "rev-parse", "--short", "HEAD").Output(); err == nil {
+		when += ", commit " + strings.TrimSpace(string(rev))
+	}
 	kernel := strings.TrimSpace(string(uname))
 	if b.costModel {
 		b.printf("# rdmago benchmarks\n\n")

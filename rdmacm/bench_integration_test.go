@@ -191,3 +191,23 @@ func BenchmarkDialClose(b *testing.B) {
 		c.Close()
 	}
 }
+
+// The thin layer's create id and destroy id, cmtime's first and last
+// steps: an id made and closed with nothing in between.
+func BenchmarkNewIDClose(b *testing.B) {
+	if err := rdmacm.Init(); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	before := runtime.NumCgoCall()
+	for i := 0; i < b.N; i++ {
+		id, err := rdmacm.NewID(rdmacm.PortSpaceTCP)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := id.Close(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	reportCgo(b, before, "cgo/op")
+}
