@@ -382,6 +382,9 @@ func (c *ID) deliver(ev *Event) {
 	ev.id = c
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if ev.Type == EventDeviceRemoval {
+		c.deviceGone = true
+	}
 	select {
 	case <-c.closed:
 		ev.dropLater()
@@ -467,6 +470,7 @@ func (c *ID) destroy() error {
 	close(c.closed)
 	queued := c.queue
 	c.queue = nil
+	deviceGone := c.deviceGone
 	c.mu.Unlock()
 	c.life.Lock() // the calls in progress end first
 	c.qpMu.Lock()
@@ -484,6 +488,12 @@ func (c *ID) destroy() error {
 	c.life.Unlock()
 	for _, ev := range queued {
 		ev.dropped()
+	}
+	if deviceGone {
+		// The last id on a removed device lets librdmacm close it, so
+		// that the kernel can finish deleting it and the device can be
+		// added again while this process runs.
+		cma.ReleaseDeadDevices()
 	}
 	return err
 }

@@ -255,6 +255,19 @@ func Devices() ([]*ibv.Context, error) {
 	return out, nil
 }
 
+// ReleaseDeadDevices has librdmacm look at the kernel's device list again
+// (rdma_get_devices does), which closes its context of every device that
+// has gone away and that no id uses any more. Until then librdmacm keeps
+// the context, and the kernel cannot finish deleting the device: it waits
+// for every open context, and a device of the same kind cannot be added on
+// that netdev meanwhile ("File exists").
+func ReleaseDeadDevices() {
+	var n C.int
+	if list := C.rdma_get_devices(&n); list != nil {
+		C.rdma_free_devices(list)
+	}
+}
+
 // ID is an rdma_cm_id.
 type ID struct {
 	id *C.struct_rdma_cm_id

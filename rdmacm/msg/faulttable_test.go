@@ -1,0 +1,131 @@
+//go:build integration || testbed
+
+package msg
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rdmago/rdmago/test/testbed"
+)
+
+// The fault matrix (TestFaultMatrix in one guest, TestTwoGuestsFaultMatrix
+// across two): one row per fault and transport, printed by the test and,
+// when $RDMAGO_FAULT_TABLE_DIR is set (make test sets it to bench/), kept
+// there as a Markdown table.
+
+type faultRow struct {
+	fault, transport string
+	bound            time.Duration // what the configuration promises; 0: none applies
+	detect           time.Duration // from the fault to the application's first failed call; 0: none failed
+	errors           string        // what the application saw
+	leaked           string        // "none", or what was left
+	lost             string        // messages the sender was told were sent, that never arrived
+}
+
+type faultTable struct {
+	mu   sync.Mutex
+	rows []faultRow
+}
+
+func (ft *faultTable) add(r faultRow) {
+	ft.mu.Lock()
+	defer ft.mu.Unlock()
+	ft.rows = append(ft.rows, r)
+}
+
+func (ft *faultTable) markdown(title string) string {
+	ft.mu.Lock()
+	defer ft.mu.Unlock()
+	var b strings.Builder
+	fmt.Fprintf(&b, "## %s\n\n", title)
+	b.WriteString("| fault | transport | detected after | bound | errors the application saw | leaked | lost messages |\n|---|---|---:|---:|---|---|---:|\n")
+	for _, r := range ft.rows {
+		detect, bound := "not an error", "–"
+		if r.detect > 0 {
+			detect = r.detect.Round(time.Millisecond).String()
+		}
+		if r.bound > 0 {
+			bound = r.bound.String()
+		}
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s |\n", r.fault, r.transport, detect, bound,
+			strings.ReplaceAll(r.errors, "|", "\\|"), r.leaked, r.lost)
+	}
+	return b.String()
+}
+
+// write logs the table and keeps it in $RDMAGO_FAULT_TABLE_DIR/name.
+func (ft *faultTable) write(t *testing.T, name, title, intro string) {
+	md := ft.markdown(title)
+	t.Log("\n" + md)
+	dir := os.Getenv("RDMAGO_FAULT_TABLE_DIR")
+	if dir == "" || t.Failed() {
+		return
+	}
+	text := fmt.Sprintf("%s\n%s\nWritten by `make test` on %s.\n", md, intro, time.Now().UTC().Format("2006-01-02 15:04 UTC"))
+	if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
+		t.Errorf("keeping the fault table: %v", err)
+	}
+}
+
+// leakSnapshot is what a process holds: RDMA objects, descriptors,
+// goroutines.
+type leakSnapshot struct {
+	objects    map[string]int
+	fds        int
+	goroutines int
+}
+
+func takeLeakSnapshot() (leakSnapshot, error) {
+	objects, err := testbed.Objects()
+	if err != nil {
+		return leakSnapshot{}, err
+	}
+	fds, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return leakSnapshot{}, err
+	}
+	return leakSnapshot{objects: objects, fds: len(fds), goroutines: len(testbed.Goroutines())}, nil
+}
+
+// leaksSince says what is held now beyond s ("none"), after giving closed
+// connections' goroutines up to 5 s to exit.
+func leaksSince(s leakSnapshot) string {
+	deadline := time.Now().Add(5 * time.Second)
+	for len(testbed.Goroutines()) > s.goroutines && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	now, err := takeLeakSnapshot()
+	if err != nil {
+		return "unknown: " + err.Error()
+	}
+	var left []string
+	if !reflect.DeepEqual(now.objects, s.objects) {
+		left = append(left, fmt.Sprintf("RDMA objects %v (before: %v)", now.objects, s.objects))
+	}
+	if now.fds > s.fds {
+		left = append(left, fmt.Sprintf("%d descriptors", now.fds-s.fds))
+	}
+	if now.goroutines > s.goroutines {
+		left = append(left, fmt.Sprintf("%d goroutines", now.goroutines-s.goroutines))
+	}
+	if len(left) == 0 {
+		return "none"
+	}
+	return strings.Join(left, ", ")
+}
+
+// firstLine keeps an error's first line for the table.
+func firstLine(err error) string {
+	if err == nil {
+		return "none"
+	}
+	s, _, _ := strings.Cut(err.Error(), "\n")
+	return s
+}
