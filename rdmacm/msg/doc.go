@@ -97,6 +97,8 @@
 // buffers: the messages it sent and was sent, nothing else.) It takes
 // (Credits+5) receive buffers and (SendBuffers+4) send buffers, each the
 // largest message plus the header, rounded up to 64 bytes. A Message
-// points into its receive buffer until Release; Close unmaps every buffer,
-// so a Message must not be used after its connection's Close.
+// points into its receive buffer until Release, also after its
+// connection's Close: Close keeps the buffers, and the connection
+// underneath, while messages are held, and the last Release (or the
+// garbage collector, for messages dropped unreleased) frees them.
 package msg

@@ -199,11 +199,14 @@ func (s *Conn) CloseWrite() error {
 func (s *Conn) Close() error {
 	s.closeOnce.Do(func() {
 		s.closeCancel()
-		// Blocked calls return now; once they have, no one touches the
-		// receive buffers that Close unmaps.
+		// Blocked calls return now; once they have, the message being
+		// read goes back before Close, so that Close releases everything.
 		s.rmu.Lock()
 		s.wmu.Lock()
-		s.cur = nil
+		if s.cur != nil {
+			s.cur.Release()
+			s.cur = nil
+		}
 		s.rd.stop()
 		s.wd.stop()
 		if err := s.c.Close(); err != nil {
