@@ -145,3 +145,52 @@ func TestSendWaitingForCreditAndClose(t *testing.T) {
 		assert.ErrorIs(t, client.CloseSend(ctx), net.ErrClosed, "CloseSend after Close")
 	})
 }
+
+// When the connection's goroutine fails (a post the device refuses, made
+// here on purpose), the messages that had arrived are still received, in
+// order, before the error; the peer learns of the end.
+func TestFailureDeliversWhatArrived(t *testing.T) {
+	forEachDevice(t, func(t *testing.T, d device) {
+		checkNoLeaks(t)
+		cfg := &Config{MaxMessageSize: 1024, Credits: 8}
+		client, server := pair(t, d, cfg, cfg)
+		ctx := ctxFor(t, 30*time.Second)
+		require.NoError(t, client.Send(ctx, []byte("warm up")))
+		m, err := server.Recv(ctx)
+		require.NoError(t, err)
+		m.Release()
+		time.Sleep(100 * time.Millisecond) // the server's goroutine waits for receives
+
+		// The server's goroutine takes the first message and then waits for
+		// the lock; the others complete meanwhile, and its housekeeping
+		// fails right after the first.
+		injected := &kindError{ErrTransport, errors.New("injected: the device refused a post")}
+		server.mu.Lock()
+		server.fault = injected
+		const n = 4
+		for i := range n {
+			require.NoError(t, client.Send(ctx, payload(i, 1000)))
+		}
+		for sent := false; !sent; {
+			time.Sleep(20 * time.Millisecond)
+			client.mu.Lock()
+			client.reapLocked()
+			sent = len(client.freeSend) == client.nSend
+			client.mu.Unlock()
+		}
+		time.Sleep(200 * time.Millisecond) // and siw's receive side has placed them
+		server.mu.Unlock()
+
+		for i := range n {
+			m, err := server.Recv(ctx)
+			require.NoError(t, err, "message %d arrived before the failure", i)
+			assert.Equal(t, payload(i, 1000), m.Bytes())
+			m.Release()
+		}
+		_, err = server.Recv(ctx)
+		assert.ErrorIs(t, err, injected)
+		assert.ErrorIs(t, err, ErrTransport)
+		_, err = client.Recv(ctx)
+		assert.ErrorIs(t, err, rdmacm.ErrEnded, "the peer learns of the end")
+	})
+}

@@ -199,8 +199,16 @@ type Conn struct {
 	freed    bool
 	freedCh  chan struct{} // closed once they are released
 	failed   error         // the peer broke the protocol or a transfer failed
-	wake     context.CancelFunc
-	wakeReq  bool
+	// drained: the connection's goroutine has queued the messages that
+	// arrived before the failure (or is gone); Recv reports failed after
+	// them.
+	drained bool
+	wake    context.CancelFunc
+	wakeReq bool
+	// fault, set by tests only, makes housekeep fail with it: the
+	// failures it stands for (a post the device refuses) cannot be had
+	// on demand.
+	fault error
 
 	ka keepalive
 
@@ -390,11 +398,13 @@ func (c *Conn) postLocked(id uint64, off int, h header, p []byte) error {
 	return nil
 }
 
-// failLocked records why the connection can no longer be used, once.
+// failLocked records why the connection can no longer be used, once, and
+// has the connection's goroutine end it.
 func (c *Conn) failLocked(err error) {
 	if c.failed == nil {
 		c.failed = err
 		c.broadcastLocked()
+		c.wakeLocked()
 	}
 }
 
@@ -612,7 +622,7 @@ func (c *Conn) Recv(ctx context.Context) (*Message, error) {
 			c.queue = c.queue[1:]
 			c.mu.Unlock()
 			return m, nil
-		case c.failed != nil:
+		case c.failed != nil && c.drained:
 			err := c.failed
 			c.mu.Unlock()
 			return nil, c.opError("receive", err)
@@ -646,14 +656,35 @@ func (c *Conn) Recv(ctx context.Context) (*Message, error) {
 // order, checks them and queues the messages, and sends CREDIT frames.
 func (c *Conn) loop() {
 	defer close(c.loopDone)
+	defer func() {
+		c.mu.Lock()
+		c.drained = true
+		c.broadcastLocked()
+		c.mu.Unlock()
+	}()
 	var ctx context.Context
 	cancel := context.CancelFunc(func() {})
 	defer func() { cancel() }()
 	for {
-		if err := c.housekeep(); err != nil {
-			if c.loopCtx.Err() == nil {
-				c.disconnect()
-			}
+		err := c.housekeep()
+		if c.loopCtx.Err() != nil {
+			return
+		}
+		c.mu.Lock()
+		if c.closed {
+			c.mu.Unlock()
+			return
+		}
+		if err != nil {
+			c.failLocked(&kindError{ErrTransport, err}) // if nothing said why yet
+		}
+		failed := c.failed != nil
+		c.mu.Unlock()
+		if failed {
+			// Here, or elsewhere (a send, a release, a keepalive probe):
+			// the messages that had arrived go to Recv before the error.
+			c.drainCompleted()
+			c.quit(nil)
 			return
 		}
 		c.mu.Lock()
@@ -677,12 +708,8 @@ func (c *Conn) loop() {
 			return
 		}
 		if err == nil {
-			err = c.handle(wc)
-			if err != nil {
-				c.mu.Lock()
-				c.failLocked(&ProtocolError{What: err.Error()})
-				c.mu.Unlock()
-				c.disconnect()
+			if err := c.handle(wc); err != nil {
+				c.quit(&ProtocolError{What: err.Error()})
 				return
 			}
 			continue
@@ -692,42 +719,54 @@ func (c *Conn) loop() {
 			// Our buffers are registered for local writes: a receive fails
 			// only when the frame does not fit (rxe reports that as
 			// LOC_QP_OP_ERR, siw as LOC_LEN_ERR).
-			c.mu.Lock()
-			c.failLocked(&ProtocolError{What: fmt.Sprintf("a frame larger than this side's %d-byte receive buffers "+
+			c.quit(&ProtocolError{What: fmt.Sprintf("a frame larger than this side's %d-byte receive buffers "+
 				"(the receive failed with %v; the hello announced %d-byte messages)", c.recvSize, wc.Status, c.max)})
-			c.mu.Unlock()
-			c.disconnect()
 			return
 		case wc.Status == verbs.WCWRFlushErr:
 			if c.flushedByEnd() {
 				continue // the connection ended: Recv says so once the flushed receives are taken
 			}
-			c.mu.Lock()
-			c.failLocked(&kindError{ErrTransport, fmt.Errorf("the receives were flushed: the QP is in the error state")})
-			c.mu.Unlock()
-			c.disconnect()
+			c.quit(&kindError{ErrTransport, fmt.Errorf("the receives were flushed: the QP is in the error state")})
 			return
 		case wc.Status != verbs.WCSuccess:
-			c.mu.Lock()
-			c.failLocked(&kindError{ErrTransport, fmt.Errorf("a receive failed: %w", err)})
-			c.mu.Unlock()
-			c.disconnect()
+			c.quit(&kindError{ErrTransport, fmt.Errorf("a receive failed: %w", err)})
 			return
 		case errors.Is(err, rdmacm.ErrEnded):
-			c.mu.Lock()
-			c.broadcastLocked()
-			c.mu.Unlock()
 			return
 		case ctx.Err() != nil:
-			continue // woken for a CREDIT frame
+			continue // woken for a CREDIT frame, or a failure
 		default:
-			c.mu.Lock()
-			c.failLocked(&kindError{ErrTransport, fmt.Errorf("wait for receives: %w", err)})
-			c.mu.Unlock()
-			c.disconnect()
+			c.quit(&kindError{ErrTransport, fmt.Errorf("wait for receives: %w", err)})
 			return
 		}
 	}
+}
+
+// drainCompleted takes the receives that have completed, without waiting,
+// and queues their messages, up to the first that did not succeed.
+func (c *Conn) drainCompleted() {
+	now, cancel := context.WithCancel(c.loopCtx)
+	cancel() // rdmacm's Recv polls before it waits
+	for c.loopCtx.Err() == nil {
+		wc, err := c.rc.Recv(now)
+		if err != nil || c.handle(wc) != nil {
+			return
+		}
+	}
+}
+
+// quit records err, unless the connection failed already, lets Recv report
+// the failure once the messages before it are taken, and ends the
+// connection, so that the peer learns of it.
+func (c *Conn) quit(err error) {
+	c.mu.Lock()
+	if err != nil {
+		c.failLocked(err)
+	}
+	c.drained = true
+	c.broadcastLocked()
+	c.mu.Unlock()
+	c.disconnect()
 }
 
 // flushedByEnd tells whether receives were flushed because the connection
@@ -826,6 +865,9 @@ func (c *Conn) housekeep() error {
 		if c.closed || c.failed != nil || c.rc.Err() != nil {
 			c.mu.Unlock()
 			return nil
+		}
+		if c.fault != nil {
+			c.failLocked(c.fault)
 		}
 		c.flushLocked(false)
 		if c.sendCreditsLocked() {

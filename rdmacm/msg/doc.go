@@ -79,7 +79,8 @@
 // reply slot) ends the connection: the error matches ErrProtocol and says
 // what the peer sent. A peer that goes away ends it too, and the calls
 // waiting and the next ones fail with an error that matches rdmacm.ErrEnded
-// (or ErrTransport, when a transfer failed first). A peer that vanishes
+// (or ErrTransport, when a transfer failed first). Either way, Recv first
+// returns the messages that had arrived before the end. A peer that vanishes
 // without its kernel disconnecting (a host that dies, a cut link) is
 // noticed, by default, only when a send fails, after the QP's retries (on
 // iWARP, TCP's: minutes). Config.KeepAlive turns on probes: a zero-length
