@@ -3,7 +3,10 @@
 package msg
 
 import (
+	"bytes"
+	"encoding/binary"
 	"errors"
+	"io"
 	"net"
 	"runtime"
 	"sync/atomic"
@@ -192,5 +195,68 @@ func TestFailureDeliversWhatArrived(t *testing.T) {
 		assert.ErrorIs(t, err, ErrTransport)
 		_, err = client.Recv(ctx)
 		assert.ErrorIs(t, err, rdmacm.ErrEnded, "the peer learns of the end")
+	})
+}
+
+// CloseSend while a Send copies a large message into its send buffer
+// (without the connection's lock): the message, whose Send returns nil,
+// arrives whole before the end of the stream, and the Sends after
+// CloseSend fail with ErrSendClosed.
+func TestCloseSendDuringACopy(t *testing.T) {
+	forEachDevice(t, func(t *testing.T, d device) {
+		checkNoLeaks(t)
+		cfg := &Config{MaxMessageSize: 1 << 20, Credits: 4, SendBuffers: 4}
+		client, server := pair(t, d, cfg, cfg)
+		ctx := ctxFor(t, 60*time.Second)
+		base := make([]byte, cfg.MaxMessageSize)
+		for j := range base {
+			base[j] = byte(j * 7)
+		}
+		message := func(i int) []byte {
+			b := bytes.Clone(base)
+			binary.BigEndian.PutUint64(b, uint64(i))
+			binary.BigEndian.PutUint64(b[len(b)-8:], uint64(i))
+			return b
+		}
+		sent := make(chan int, 1)
+		go func() {
+			n := 0
+			defer func() { sent <- n }()
+			for i := 0; ; i++ {
+				if err := client.Send(ctx, message(i)); err != nil {
+					assert.ErrorIs(t, err, ErrSendClosed, "message %d", i)
+					return
+				}
+				n++
+			}
+		}()
+		received := make(chan int, 1)
+		go func() {
+			n := 0
+			defer func() { received <- n }()
+			for {
+				m, err := server.Recv(ctx)
+				if err == io.EOF {
+					return
+				}
+				if !assert.NoError(t, err) {
+					return
+				}
+				assert.Equal(t, message(n), m.Bytes(), "message %d", n)
+				n++
+				m.Release()
+			}
+		}()
+		// CloseSend once the sender is in the middle of a copy.
+		for copying := false; !copying; {
+			time.Sleep(time.Millisecond)
+			client.mu.Lock()
+			copying = client.copying > 0
+			client.mu.Unlock()
+		}
+		require.NoError(t, client.CloseSend(ctx))
+		n := <-sent
+		assert.Positive(t, n)
+		assert.Equal(t, n, <-received, "every Send that returned nil arrived before the end")
 	})
 }

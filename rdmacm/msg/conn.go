@@ -191,8 +191,10 @@ type Conn struct {
 	helloSent bool
 	// closing: Close has begun; Send and CloseSend fail with ErrClosed
 	// (Close's own FIN still goes).
-	closing bool
-	closed  bool
+	closing  bool
+	copying  int // Sends copying their message into a send buffer, without the lock
+	finWaits int // FINs waiting to be sent (CloseSend, Close)
+	closed   bool
 	// tornDown: Close is done but for the resources underneath, which
 	// wait for the last held Message; freed: they are released (or being).
 	tornDown bool
@@ -331,23 +333,68 @@ func (c *Conn) sendFrame(ctx context.Context, op string, t frameType, p []byte, 
 	if err := ctx.Err(); err != nil {
 		return c.opError(op, err)
 	}
+	if t == frameFin {
+		defer func() {
+			c.mu.Lock()
+			c.finWaits--
+			c.broadcastLocked()
+			c.mu.Unlock()
+		}()
+		c.mu.Lock()
+		c.finWaits++
+		c.mu.Unlock()
+	}
 	for {
 		c.mu.Lock()
 		if err := c.sendErrLocked(byClose); err != nil {
 			c.mu.Unlock()
 			return c.opError(op, err)
 		}
-		ready := c.peerReady && c.led.canSend(t)
+		// A FIN goes after the messages whose Send took a credit before it
+		// (copying), and before those that come after it (finWaits).
+		var ready bool
+		switch t {
+		case frameFin:
+			ready = c.peerReady && c.led.canSend(t) && c.copying == 0
+		case frameData:
+			ready = c.peerReady && c.led.canSend(t) && c.finWaits == 0
+		default:
+			ready = c.peerReady && c.led.canSend(t)
+		}
 		if ready && len(c.freeSend) == 0 {
 			c.reapLocked()
 		}
 		if ready && len(c.freeSend) > 0 {
 			slot := c.freeSend[len(c.freeSend)-1]
 			c.freeSend = c.freeSend[:len(c.freeSend)-1]
+			off := slot * c.sendSize
+			c.led.reserve(t)
+			if len(p) > 0 {
+				// The slot and the credit are this call's: the copy needs
+				// no lock, and Recv, Release and other Sends go on. A FIN
+				// waits for it, and the buffers stay until it is done.
+				c.copying++
+				c.mu.Unlock()
+				copy(c.sendMR.Bytes()[off+HeaderSize:off+HeaderSize+len(p)], p)
+				c.mu.Lock()
+				c.copying--
+				if c.copying == 0 && c.finWaits > 0 {
+					c.broadcastLocked() // the FIN may go
+				}
+				if err := c.sendErrLocked(true); err != nil { // closed or failed meanwhile
+					c.freeSend = append(c.freeSend, slot)
+					last := c.lastLocked()
+					c.mu.Unlock()
+					if last {
+						c.free()
+					}
+					return c.opError(op, err)
+				}
+			}
 			c.flushLocked(true)
-			h := c.led.outgoing(t)
+			h := c.led.header(t)
 			h.length = uint32(len(p))
-			err := c.postLocked(uint64(slot), slot*c.sendSize, h, p)
+			err := c.postLocked(uint64(slot), off, h)
 			switch t {
 			case frameFin:
 				c.finSent = true
@@ -380,13 +427,12 @@ func (c *Conn) sendFrame(ctx context.Context, op string, t frameType, p []byte, 
 	}
 }
 
-// postLocked writes the frame into the send buffer at off and posts it.
-func (c *Conn) postLocked(id uint64, off int, h header, p []byte) error {
-	b := c.sendMR.Bytes()[off : off+c.sendSize]
-	h.put(b)
-	copy(b[HeaderSize:], p)
+// postLocked writes the frame's header into the send buffer at off, where
+// its message already is, and posts it.
+func (c *Conn) postLocked(id uint64, off int, h header) error {
+	h.put(c.sendMR.Bytes()[off : off+HeaderSize])
 	wr := verbs.SendWR{ID: id, Opcode: verbs.OpSend, Flags: verbs.SendSignaled,
-		SGEs: []verbs.SGE{c.sendMR.SGE(off, HeaderSize+len(p))}}
+		SGEs: []verbs.SGE{c.sendMR.SGE(off, HeaderSize+int(h.length))}}
 	if err := c.qp.PostSend(wr); err != nil {
 		if e := c.rc.Err(); e != nil {
 			return e
@@ -583,7 +629,7 @@ func (c *Conn) sendCreditsLocked() bool {
 		slot := c.freeCtl[len(c.freeCtl)-1]
 		c.freeCtl = c.freeCtl[:len(c.freeCtl)-1]
 		h := c.led.outgoing(frameCredit)
-		if err := c.postLocked(ctlID|uint64(slot), (c.nSend+slot)*c.sendSize, h, nil); err != nil {
+		if err := c.postLocked(ctlID|uint64(slot), (c.nSend+slot)*c.sendSize, h); err != nil {
 			return true // the connection failed, which postLocked recorded
 		}
 	}
@@ -968,7 +1014,7 @@ func (c *Conn) dropped() {
 // lastLocked reports whether the resources are to be released now: Close
 // is done and no message holds them. It reports true once.
 func (c *Conn) lastLocked() bool {
-	if !c.tornDown || c.out > 0 || c.freed {
+	if !c.tornDown || c.out > 0 || c.copying > 0 || c.freed {
 		return false
 	}
 	c.freed = true
