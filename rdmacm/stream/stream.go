@@ -330,8 +330,9 @@ func Listen(ctx context.Context, lc *rdmacm.ListenConfig, address string, cfg *m
 	return s, nil
 }
 
-// Accept waits for the next connection. A dialer whose handshake fails is
-// passed over; Accept returns an error once the listener is closed or
+// Accept waits for the next connection. Handshakes run in parallel (see
+// msg.Listener.Accept), so a dialer that stalls in its own holds up no
+// other. A dialer whose handshake fails is passed over; Accept returns an error once the listener is closed or
 // broken, and a temporary one (Temporary reports true, as for a socket's
 // EMFILE) when this host runs out of memory to register or descriptors.
 func (l *Listener) Accept() (net.Conn, error) {
