@@ -205,7 +205,7 @@ func TestFailureDeliversWhatArrived(t *testing.T) {
 func TestCloseSendDuringACopy(t *testing.T) {
 	forEachDevice(t, func(t *testing.T, d device) {
 		checkNoLeaks(t)
-		cfg := &Config{MaxMessageSize: 1 << 20, Credits: 4, SendBuffers: 4}
+		cfg := &Config{MaxMessageSize: 512 << 10, Credits: 2, SendBuffers: 2}
 		client, server := pair(t, d, cfg, cfg)
 		ctx := ctxFor(t, 60*time.Second)
 		base := make([]byte, cfg.MaxMessageSize)
@@ -249,13 +249,14 @@ func TestCloseSendDuringACopy(t *testing.T) {
 		}()
 		// CloseSend once the sender is in the middle of a copy.
 		for copying := false; !copying; {
-			time.Sleep(time.Millisecond)
+			runtime.Gosched()
 			client.mu.Lock()
 			copying = client.copying > 0
 			client.mu.Unlock()
 		}
 		require.NoError(t, client.CloseSend(ctx))
 		n := <-sent
+		t.Logf("%d messages sent before CloseSend", n)
 		assert.Positive(t, n)
 		assert.Equal(t, n, <-received, "every Send that returned nil arrived before the end")
 	})

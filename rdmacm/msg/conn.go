@@ -672,6 +672,8 @@ func (c *Conn) Recv(ctx context.Context) (*Message, error) {
 			err := c.failed
 			c.mu.Unlock()
 			return nil, c.opError("receive", err)
+		case c.failed != nil:
+			// The goroutine is taking what arrived before the failure.
 		case c.peerFin:
 			c.mu.Unlock()
 			return nil, io.EOF

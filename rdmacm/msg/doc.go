@@ -70,7 +70,9 @@
 // messages for Recv. Send copies the message into a registered send buffer
 // and posts it from the caller's goroutine, so many messages are in flight;
 // when the credits or the send buffers run out it waits (backpressure, never
-// an error), and then it polls the send completions itself.
+// an error), and then it polls the send completions itself. A Listener has
+// one goroutine too, from the first Accept to Close, which takes the
+// connect requests and runs their handshakes in parallel.
 //
 // # Faults
 //
