@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/netip"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -177,16 +178,39 @@ type Conn struct {
 	// The work requests that post them, kept for the next time.
 	repost     []verbs.RecvWR
 	repostSGEs []verbs.SGE
-	peerReady  bool // the dialer's HELLO arrived (accepting side); always on the dialing side
-	peerFin    bool
-	finSent    bool
+	// msgs are the Messages not yet released, by receive buffer, and out
+	// how many there are; after Close, msgs is nil and out counts those
+	// still held by the application.
+	msgs      []*Message
+	out       int
+	peerReady bool // the dialer's HELLO arrived (accepting side); always on the dialing side
+	peerFin   bool
+	finSent   bool
 	// helloSent: the dialer's HELLO went out (the accepting side sends
 	// none, and starts with it set).
 	helloSent bool
-	closed    bool
-	failed    error // the peer broke the protocol or a transfer failed
-	wake      context.CancelFunc
-	wakeReq   bool
+	// closing: Close has begun; Send and CloseSend fail with ErrClosed
+	// (Close's own FIN still goes).
+	closing  bool
+	copying  int // Sends copying their message into a send buffer, without the lock
+	finWaits int // FINs waiting to be sent (CloseSend, Close)
+	closed   bool
+	// tornDown: Close is done but for the resources underneath, which
+	// wait for the last held Message; freed: they are released (or being).
+	tornDown bool
+	freed    bool
+	freedCh  chan struct{} // closed once they are released
+	failed   error         // the peer broke the protocol or a transfer failed
+	// drained: the connection's goroutine has queued the messages that
+	// arrived before the failure (or is gone); Recv reports failed after
+	// them.
+	drained bool
+	wake    context.CancelFunc
+	wakeReq bool
+	// fault, set by tests only, makes housekeep fail with it: the
+	// failures it stands for (a post the device refuses) cannot be had
+	// on demand.
+	fault error
 
 	ka keepalive
 
@@ -210,9 +234,10 @@ func newConn(rc *rdmacm.Conn, o *Config, local, peer hello, pool *verbs.MR, acce
 		recvMR:       pool, recvSize: slotSize(o.MaxMessageSize), nRecv: o.creditBuffers() + replySlots,
 		sendSize: slotSize(max), nSend: o.SendBuffers,
 		led: newLedger(local, peer), changed: make(chan struct{}), peerReady: !accepting, helloSent: accepting,
-		loopDone: make(chan struct{}),
+		loopDone: make(chan struct{}), freedCh: make(chan struct{}),
 	}
 	c.repost, c.repostSGEs = make([]verbs.RecvWR, c.nRecv), make([]verbs.SGE, c.nRecv)
+	c.msgs = make([]*Message, c.nRecv)
 	mr, err := rc.RegisterMemory((c.nSend+replySlots)*c.sendSize, 0)
 	if err != nil {
 		return nil, fmt.Errorf("register %d send buffers of %d bytes: %w", c.nSend+replySlots, c.sendSize, err)
@@ -260,10 +285,11 @@ func (c *Conn) changedLocked() <-chan struct{} {
 	return c.changed
 }
 
-// sendErrLocked is why nothing can be sent, or nil.
-func (c *Conn) sendErrLocked() error {
+// sendErrLocked is why nothing can be sent, or nil; byClose: the frame is
+// Close's own FIN.
+func (c *Conn) sendErrLocked(byClose bool) error {
 	switch {
-	case c.closed:
+	case c.closed, c.closing && !byClose:
 		return ErrClosed
 	case c.failed != nil:
 		return c.failed
@@ -284,42 +310,91 @@ func (c *Conn) sendErrLocked() error {
 // backpressure, never an error. A ctx that has ended already sends
 // nothing. A message longer than MaxMessageSize fails with ErrTooLarge; on
 // a connection that ended, Send fails with the reason (rdmacm.ErrEnded,
-// ErrProtocol, ErrTransport, ErrClosed).
+// ErrProtocol, ErrTransport). Once this side's Close has begun, Send, and a
+// Send waiting for credit, fail with ErrClosed, which also matches
+// net.ErrClosed; after CloseSend, with ErrSendClosed.
 func (c *Conn) Send(ctx context.Context, p []byte) error {
 	if len(p) > c.max {
 		return c.opError("send", &kindError{ErrTooLarge, fmt.Errorf("a %d-byte message; the connection's maximum is %d", len(p), c.max)})
 	}
-	return c.sendFrame(ctx, "send", frameData, p)
+	return c.sendFrame(ctx, "send", frameData, p, false)
 }
 
 // CloseSend tells the peer that no more messages follow: its Recv returns
 // io.EOF once it has received the messages sent before. It waits for a
 // credit as Send does. Receiving goes on.
 func (c *Conn) CloseSend(ctx context.Context) error {
-	return c.sendFrame(ctx, "close send", frameFin, nil)
+	return c.sendFrame(ctx, "close send", frameFin, nil, false)
 }
 
-func (c *Conn) sendFrame(ctx context.Context, op string, t frameType, p []byte) error {
+// sendFrame sends a frame of type t, waiting for credit and a send buffer;
+// byClose: it is Close's FIN, which goes although Close has begun.
+func (c *Conn) sendFrame(ctx context.Context, op string, t frameType, p []byte, byClose bool) error {
 	if err := ctx.Err(); err != nil {
 		return c.opError(op, err)
 	}
+	if t == frameFin {
+		defer func() {
+			c.mu.Lock()
+			c.finWaits--
+			c.broadcastLocked()
+			c.mu.Unlock()
+		}()
+		c.mu.Lock()
+		c.finWaits++
+		c.mu.Unlock()
+	}
 	for {
 		c.mu.Lock()
-		if err := c.sendErrLocked(); err != nil {
+		if err := c.sendErrLocked(byClose); err != nil {
 			c.mu.Unlock()
 			return c.opError(op, err)
 		}
-		ready := c.peerReady && c.led.canSend(t)
+		// A FIN goes after the messages whose Send took a credit before it
+		// (copying), and before those that come after it (finWaits).
+		var ready bool
+		switch t {
+		case frameFin:
+			ready = c.peerReady && c.led.canSend(t) && c.copying == 0
+		case frameData:
+			ready = c.peerReady && c.led.canSend(t) && c.finWaits == 0
+		default:
+			ready = c.peerReady && c.led.canSend(t)
+		}
 		if ready && len(c.freeSend) == 0 {
 			c.reapLocked()
 		}
 		if ready && len(c.freeSend) > 0 {
 			slot := c.freeSend[len(c.freeSend)-1]
 			c.freeSend = c.freeSend[:len(c.freeSend)-1]
+			off := slot * c.sendSize
+			c.led.reserve(t)
+			if len(p) > 0 {
+				// The slot and the credit are this call's: the copy needs
+				// no lock, and Recv, Release and other Sends go on. A FIN
+				// waits for it, and the buffers stay until it is done.
+				c.copying++
+				c.mu.Unlock()
+				copy(c.sendMR.Bytes()[off+HeaderSize:off+HeaderSize+len(p)], p)
+				c.mu.Lock()
+				c.copying--
+				if c.copying == 0 && c.finWaits > 0 {
+					c.broadcastLocked() // the FIN may go
+				}
+				if err := c.sendErrLocked(true); err != nil { // closed or failed meanwhile
+					c.freeSend = append(c.freeSend, slot)
+					last := c.lastLocked()
+					c.mu.Unlock()
+					if last {
+						c.free()
+					}
+					return c.opError(op, err)
+				}
+			}
 			c.flushLocked(true)
-			h := c.led.outgoing(t)
+			h := c.led.header(t)
 			h.length = uint32(len(p))
-			err := c.postLocked(uint64(slot), slot*c.sendSize, h, p)
+			err := c.postLocked(uint64(slot), off, h)
 			switch t {
 			case frameFin:
 				c.finSent = true
@@ -352,13 +427,12 @@ func (c *Conn) sendFrame(ctx context.Context, op string, t frameType, p []byte) 
 	}
 }
 
-// postLocked writes the frame into the send buffer at off and posts it.
-func (c *Conn) postLocked(id uint64, off int, h header, p []byte) error {
-	b := c.sendMR.Bytes()[off : off+c.sendSize]
-	h.put(b)
-	copy(b[HeaderSize:], p)
+// postLocked writes the frame's header into the send buffer at off, where
+// its message already is, and posts it.
+func (c *Conn) postLocked(id uint64, off int, h header) error {
+	h.put(c.sendMR.Bytes()[off : off+HeaderSize])
 	wr := verbs.SendWR{ID: id, Opcode: verbs.OpSend, Flags: verbs.SendSignaled,
-		SGEs: []verbs.SGE{c.sendMR.SGE(off, HeaderSize+len(p))}}
+		SGEs: []verbs.SGE{c.sendMR.SGE(off, HeaderSize+int(h.length))}}
 	if err := c.qp.PostSend(wr); err != nil {
 		if e := c.rc.Err(); e != nil {
 			return e
@@ -370,11 +444,13 @@ func (c *Conn) postLocked(id uint64, off int, h header, p []byte) error {
 	return nil
 }
 
-// failLocked records why the connection can no longer be used, once.
+// failLocked records why the connection can no longer be used, once, and
+// has the connection's goroutine end it.
 func (c *Conn) failLocked(err error) {
 	if c.failed == nil {
 		c.failed = err
 		c.broadcastLocked()
+		c.wakeLocked()
 	}
 }
 
@@ -491,31 +567,44 @@ type Message struct {
 	idx  int
 	b    []byte
 	done atomic.Bool
+	// cleanup, set by Close (under c.mu), frees the connection's
+	// resources if the Message is dropped without Release.
+	cleanup runtime.Cleanup
 }
 
-// Bytes is the message. It is valid until Release, and never after the
-// connection's Close, which unmaps the buffers.
+// Bytes is the message. It is valid until Release, also after the
+// connection's Close, which keeps the buffers of the messages not yet
+// released (see Conn.Close). After Release, Bytes is nil.
 func (m *Message) Bytes() []byte { return m.b }
 
 // Release gives the message's buffer back: it is posted again and the peer
 // is granted the credit (in batches). Holding messages holds credits: the
-// peer's Send waits once this side holds Config.Credits of them. Calling
-// Release again does nothing.
+// peer's Send waits once this side holds Config.Credits of them. After the
+// connection's Close, releasing the last message held frees the buffers
+// and the connection underneath. Calling Release again does nothing.
 func (m *Message) Release() {
 	if m.done.Swap(true) {
 		return
 	}
 	m.b = nil
-	m.c.release(m.idx)
+	m.c.release(m)
 }
 
-func (c *Conn) release(idx int) {
+func (c *Conn) release(m *Message) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
+	m.cleanup.Stop()
+	c.out--
 	if c.closed {
+		last := c.lastLocked()
+		c.mu.Unlock()
+		if last {
+			c.free()
+		}
 		return
 	}
-	c.released = append(c.released, idx)
+	defer c.mu.Unlock()
+	c.msgs[m.idx] = nil
+	c.released = append(c.released, m.idx)
 	c.flushLocked(false)
 	if !c.sendCreditsLocked() {
 		c.wakeLocked() // its goroutine waits for a control buffer
@@ -540,7 +629,7 @@ func (c *Conn) sendCreditsLocked() bool {
 		slot := c.freeCtl[len(c.freeCtl)-1]
 		c.freeCtl = c.freeCtl[:len(c.freeCtl)-1]
 		h := c.led.outgoing(frameCredit)
-		if err := c.postLocked(ctlID|uint64(slot), (c.nSend+slot)*c.sendSize, h, nil); err != nil {
+		if err := c.postLocked(ctlID|uint64(slot), (c.nSend+slot)*c.sendSize, h); err != nil {
 			return true // the connection failed, which postLocked recorded
 		}
 	}
@@ -579,10 +668,12 @@ func (c *Conn) Recv(ctx context.Context) (*Message, error) {
 			c.queue = c.queue[1:]
 			c.mu.Unlock()
 			return m, nil
-		case c.failed != nil:
+		case c.failed != nil && c.drained:
 			err := c.failed
 			c.mu.Unlock()
 			return nil, c.opError("receive", err)
+		case c.failed != nil:
+			// The goroutine is taking what arrived before the failure.
 		case c.peerFin:
 			c.mu.Unlock()
 			return nil, io.EOF
@@ -613,14 +704,35 @@ func (c *Conn) Recv(ctx context.Context) (*Message, error) {
 // order, checks them and queues the messages, and sends CREDIT frames.
 func (c *Conn) loop() {
 	defer close(c.loopDone)
+	defer func() {
+		c.mu.Lock()
+		c.drained = true
+		c.broadcastLocked()
+		c.mu.Unlock()
+	}()
 	var ctx context.Context
 	cancel := context.CancelFunc(func() {})
 	defer func() { cancel() }()
 	for {
-		if err := c.housekeep(); err != nil {
-			if c.loopCtx.Err() == nil {
-				c.disconnect()
-			}
+		err := c.housekeep()
+		if c.loopCtx.Err() != nil {
+			return
+		}
+		c.mu.Lock()
+		if c.closed {
+			c.mu.Unlock()
+			return
+		}
+		if err != nil {
+			c.failLocked(&kindError{ErrTransport, err}) // if nothing said why yet
+		}
+		failed := c.failed != nil
+		c.mu.Unlock()
+		if failed {
+			// Here, or elsewhere (a send, a release, a keepalive probe):
+			// the messages that had arrived go to Recv before the error.
+			c.drainCompleted()
+			c.quit(nil)
 			return
 		}
 		c.mu.Lock()
@@ -644,12 +756,8 @@ func (c *Conn) loop() {
 			return
 		}
 		if err == nil {
-			err = c.handle(wc)
-			if err != nil {
-				c.mu.Lock()
-				c.failLocked(&ProtocolError{What: err.Error()})
-				c.mu.Unlock()
-				c.disconnect()
+			if err := c.handle(wc); err != nil {
+				c.quit(&ProtocolError{What: err.Error()})
 				return
 			}
 			continue
@@ -659,42 +767,54 @@ func (c *Conn) loop() {
 			// Our buffers are registered for local writes: a receive fails
 			// only when the frame does not fit (rxe reports that as
 			// LOC_QP_OP_ERR, siw as LOC_LEN_ERR).
-			c.mu.Lock()
-			c.failLocked(&ProtocolError{What: fmt.Sprintf("a frame larger than this side's %d-byte receive buffers "+
+			c.quit(&ProtocolError{What: fmt.Sprintf("a frame larger than this side's %d-byte receive buffers "+
 				"(the receive failed with %v; the hello announced %d-byte messages)", c.recvSize, wc.Status, c.max)})
-			c.mu.Unlock()
-			c.disconnect()
 			return
 		case wc.Status == verbs.WCWRFlushErr:
 			if c.flushedByEnd() {
 				continue // the connection ended: Recv says so once the flushed receives are taken
 			}
-			c.mu.Lock()
-			c.failLocked(&kindError{ErrTransport, fmt.Errorf("the receives were flushed: the QP is in the error state")})
-			c.mu.Unlock()
-			c.disconnect()
+			c.quit(&kindError{ErrTransport, fmt.Errorf("the receives were flushed: the QP is in the error state")})
 			return
 		case wc.Status != verbs.WCSuccess:
-			c.mu.Lock()
-			c.failLocked(&kindError{ErrTransport, fmt.Errorf("a receive failed: %w", err)})
-			c.mu.Unlock()
-			c.disconnect()
+			c.quit(&kindError{ErrTransport, fmt.Errorf("a receive failed: %w", err)})
 			return
 		case errors.Is(err, rdmacm.ErrEnded):
-			c.mu.Lock()
-			c.broadcastLocked()
-			c.mu.Unlock()
 			return
 		case ctx.Err() != nil:
-			continue // woken for a CREDIT frame
+			continue // woken for a CREDIT frame, or a failure
 		default:
-			c.mu.Lock()
-			c.failLocked(&kindError{ErrTransport, fmt.Errorf("wait for receives: %w", err)})
-			c.mu.Unlock()
-			c.disconnect()
+			c.quit(&kindError{ErrTransport, fmt.Errorf("wait for receives: %w", err)})
 			return
 		}
 	}
+}
+
+// drainCompleted takes the receives that have completed, without waiting,
+// and queues their messages, up to the first that did not succeed.
+func (c *Conn) drainCompleted() {
+	now, cancel := context.WithCancel(c.loopCtx)
+	cancel() // rdmacm's Recv polls before it waits
+	for c.loopCtx.Err() == nil {
+		wc, err := c.rc.Recv(now)
+		if err != nil || c.handle(wc) != nil {
+			return
+		}
+	}
+}
+
+// quit records err, unless the connection failed already, lets Recv report
+// the failure once the messages before it are taken, and ends the
+// connection, so that the peer learns of it.
+func (c *Conn) quit(err error) {
+	c.mu.Lock()
+	if err != nil {
+		c.failLocked(err)
+	}
+	c.drained = true
+	c.broadcastLocked()
+	c.mu.Unlock()
+	c.disconnect()
 }
 
 // flushedByEnd tells whether receives were flushed because the connection
@@ -768,7 +888,10 @@ func (c *Conn) handle(wc verbs.WorkCompletion) error {
 		c.peerFin = true
 		c.released = append(c.released, idx)
 	case frameData:
-		c.queue = append(c.queue, &Message{c: c, idx: idx, b: payload})
+		m := &Message{c: c, idx: idx, b: payload}
+		c.msgs[idx] = m
+		c.out++
+		c.queue = append(c.queue, m)
 	case frameCredit:
 		// Posted again at once, before this side can give the slot again.
 		if !c.closed && c.failed == nil {
@@ -790,6 +913,9 @@ func (c *Conn) housekeep() error {
 		if c.closed || c.failed != nil || c.rc.Err() != nil {
 			c.mu.Unlock()
 			return nil
+		}
+		if c.fault != nil {
+			c.failLocked(c.fault)
 		}
 		c.flushLocked(false)
 		if c.sendCreditsLocked() {
@@ -814,19 +940,29 @@ func (c *Conn) housekeep() error {
 // Close ends the connection: it tells the peer no more messages follow
 // (its Recv returns io.EOF), waits for the messages in flight to reach it,
 // both within Config.CloseTimeout, and then disconnects and releases
-// everything: the QP, the buffers (messages not yet released included) and
-// the goroutine. Calls waiting in other goroutines return with ErrClosed.
+// everything: the QP, the buffers and the goroutine. Calls waiting in other
+// goroutines (a Send waiting for credit too) return errors that match
+// ErrClosed and net.ErrClosed, as do later calls.
+//
+// Messages that Recv returned and that are not released yet stay valid:
+// their Bytes are intact, and Release may still be called. The buffers and
+// the connection underneath (QP, protection domain) are then released with
+// the last of them, by its Release, or once the garbage collector finds
+// the last of them unreachable; Close's error does not cover that. Messages
+// that had arrived but that Recv had not returned are dropped.
 func (c *Conn) Close() error {
 	c.closeOnce.Do(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), c.closeTimeout)
 		defer cancel()
 		c.mu.Lock()
+		c.closing = true
+		c.broadcastLocked()
 		// No FIN before the dialer's HELLO: the peer would take it for a
 		// broken protocol.
 		fin := c.helloSent && !c.finSent && c.failed == nil && c.rc.Err() == nil
 		c.mu.Unlock()
 		if fin {
-			c.sendFrame(ctx, "close", frameFin, nil)
+			c.sendFrame(ctx, "close", frameFin, nil, true)
 		}
 		c.drain(ctx)
 		c.mu.Lock()
@@ -836,13 +972,66 @@ func (c *Conn) Close() error {
 		c.stopKeepalive()
 		c.loopStop()
 		<-c.loopDone
-		c.scqMu.Lock()
-		defer c.scqMu.Unlock()
-		if err := c.rc.Close(); err != nil {
-			c.closeErr = c.opError("close", err)
+		c.mu.Lock()
+		// The goroutine is gone: what is queued stays with the connection.
+		for _, m := range c.queue {
+			m.done.Store(true)
+			m.b = nil
+			c.out--
 		}
+		c.queue = nil
+		// Held messages keep everything until they are released, or
+		// dropped: only they refer to the connection now.
+		for _, m := range c.msgs {
+			if m != nil && !m.done.Load() {
+				m.cleanup = runtime.AddCleanup(m, (*Conn).dropped, c)
+			}
+		}
+		c.msgs = nil
+		c.tornDown = true
+		last := c.lastLocked()
+		c.mu.Unlock()
+		if last {
+			c.closeErr = c.free()
+			return
+		}
+		// The peer learns of the end now, not when the last message goes.
+		c.rc.Disconnect(context.Background())
 	})
 	return c.closeErr
+}
+
+// dropped is the cleanup of a Message held at Close that became
+// unreachable without Release.
+func (c *Conn) dropped() {
+	c.mu.Lock()
+	c.out--
+	last := c.lastLocked()
+	c.mu.Unlock()
+	if last {
+		c.free()
+	}
+}
+
+// lastLocked reports whether the resources are to be released now: Close
+// is done and no message holds them. It reports true once.
+func (c *Conn) lastLocked() bool {
+	if !c.tornDown || c.out > 0 || c.copying > 0 || c.freed {
+		return false
+	}
+	c.freed = true
+	return true
+}
+
+// free releases the connection underneath and, with it, every buffer.
+func (c *Conn) free() error {
+	defer close(c.freedCh)
+	c.scqMu.Lock()
+	defer c.scqMu.Unlock()
+	if err := c.rc.Close(); err != nil {
+		return c.opError("close", err)
+	}
+	return nil
 }
 
 // drain waits until every send has completed, the connection failed, or

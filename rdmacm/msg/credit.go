@@ -72,19 +72,32 @@ func (l *ledger) canSend(t frameType) bool {
 	return after(l.peerGrant, l.sent+1)
 }
 
-// outgoing fills in the grant and flags of a frame about to be sent and
-// counts it as sent.
+// outgoing counts a frame as sent and fills in its header: reserve, then
+// header.
 func (l *ledger) outgoing(t frameType) header {
+	l.reserve(t)
+	return l.header(t)
+}
+
+// reserve counts a frame of type t as sent: it takes a credit (or a reply
+// slot) now, though its header may be made a little later, when it is
+// posted.
+func (l *ledger) reserve(t frameType) {
+	if t.usesCredit() {
+		l.sent++
+	} else {
+		l.creditsOut++
+	}
+}
+
+// header fills in the grant and flags of a frame about to be posted. Made
+// in the order frames are posted, grants never go back.
+func (l *ledger) header(t frameType) header {
 	h := header{typ: t, grant: l.granted}
 	l.announced = l.granted
 	if l.slotsGiven-l.creditsIn < l.replySlots {
 		h.flags |= flagSlot
 		l.slotsGiven++
-	}
-	if t.usesCredit() {
-		l.sent++
-	} else {
-		l.creditsOut++
 	}
 	return h
 }

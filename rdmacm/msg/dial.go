@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"sync"
 
 	"github.com/rdmago/rdmago/rdmacm"
 	"github.com/rdmago/rdmago/verbs"
@@ -74,7 +75,7 @@ func Dial(ctx context.Context, d *rdmacm.Dialer, address string, cfg *Config) (*
 		rc.Close()
 		return fail(err)
 	}
-	if err := c.sendFrame(ctx, "dial", frameHello, nil); err != nil {
+	if err := c.sendFrame(ctx, "dial", frameHello, nil, false); err != nil {
 		c.Close()
 		return nil, err
 	}
@@ -105,7 +106,32 @@ type Listener struct {
 	l     *rdmacm.Listener
 	o     Config
 	local hello
+
+	// ctx bounds the handshakes; Close ends it.
+	ctx    context.Context
+	cancel context.CancelFunc
+	// Each handshake under way, and each connection Accept has not taken
+	// yet, holds one of the pending slots; results are those connections,
+	// or the failures of single requests.
+	pending chan struct{}
+	results chan accepted
+	wg      sync.WaitGroup // the goroutine taking requests
+	mu      sync.Mutex
+	started bool
+	closed  bool
+	err     error         // why requests no longer come, once they do not
+	ended   chan struct{} // closed once err is set and the handshakes are over
 }
+
+// accepted is a handshake's outcome.
+type accepted struct {
+	c   *Conn
+	err error
+}
+
+// maxPending bounds the handshakes under way and the connections not yet
+// taken by Accept, together; rdmacm's backlog holds the requests beyond.
+const maxPending = 16
 
 // Listen listens for message connections at address through lc (nil: the
 // zero rdmacm.ListenConfig), with buffers as cfg says (nil: the defaults).
@@ -136,26 +162,110 @@ func Listen(ctx context.Context, lc *rdmacm.ListenConfig, address string, cfg *C
 	if err != nil {
 		return fail(err)
 	}
-	return &Listener{l: l, o: o, local: o.hello()}, nil
+	ml := &Listener{l: l, o: o, local: o.hello(), pending: make(chan struct{}, maxPending),
+		results: make(chan accepted, maxPending), ended: make(chan struct{})}
+	ml.ctx, ml.cancel = context.WithCancel(context.Background())
+	return ml, nil
 }
 
 // Addr is the address and port the listener is bound to.
 func (l *Listener) Addr() netip.AddrPort { return l.l.Addr() }
 
-// Close stops listening.
-func (l *Listener) Close() error { return l.l.Close() }
+// Close stops listening, ends the handshakes under way, and closes the
+// connections that Accept has not returned yet. A blocked Accept returns
+// an error matching ErrClosed.
+func (l *Listener) Close() error {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return nil
+	}
+	l.closed = true
+	l.mu.Unlock()
+	l.cancel()
+	err := l.l.Close()
+	l.wg.Wait()
+	for {
+		select {
+		case r := <-l.results:
+			<-l.pending
+			if r.c != nil {
+				r.c.Close()
+			}
+		default:
+			return err
+		}
+	}
+}
 
 // Accept waits for the next dialer and returns its connection, with the
-// receive buffers posted before the accept went out. A request without an
-// acceptable hello is rejected with the reason (which the dialer's error
-// shows) and Accept waits for the next. Other failures of one request are
-// returned: the listener keeps listening. Sends on the returned connection
-// wait for the dialer's HELLO frame.
+// receive buffers posted before the accept went out. From the first call
+// of Accept on, the listener takes requests and runs their handshakes in
+// parallel, so that a dialer that stalls in its handshake (until the
+// ListenConfig's ConnectTimeout) holds up no other: up to 16 handshakes
+// under way and connections not yet returned, together, while rdmacm's
+// backlog holds the requests beyond. A request without an acceptable hello
+// is rejected with the reason (which the dialer's error shows) and passed
+// over. Other failures of one request are returned: the listener keeps
+// listening. Sends on the returned connection wait for the dialer's HELLO
+// frame. After Close, Accept fails with an error matching ErrClosed.
 func (l *Listener) Accept(ctx context.Context) (*Conn, error) {
+	fail := func(err error) (*Conn, error) { return nil, &OpError{Op: "accept", Local: l.l.Addr(), Err: err} }
+	if err := ctx.Err(); err != nil {
+		return fail(err)
+	}
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return fail(ErrClosed)
+	}
+	if !l.started {
+		l.started = true
+		l.wg.Add(1)
+		go l.run()
+	}
+	l.mu.Unlock()
+	select {
+	case r := <-l.results:
+		<-l.pending
+		return r.c, r.err
+	case <-ctx.Done():
+		return fail(ctx.Err())
+	case <-l.ctx.Done():
+		return fail(ErrClosed)
+	case <-l.ended:
+		select {
+		case r := <-l.results:
+			<-l.pending
+			return r.c, r.err
+		default:
+			return nil, l.err
+		}
+	}
+}
+
+// run takes the requests and starts their handshakes, while fewer than
+// maxPending are under way or waiting for Accept.
+func (l *Listener) run() {
+	defer l.wg.Done()
+	var handshakes sync.WaitGroup
+	defer handshakes.Wait()
 	for {
-		req, err := l.l.Request(ctx)
+		select {
+		case l.pending <- struct{}{}:
+		case <-l.ctx.Done():
+			return
+		}
+		req, err := l.l.Request(l.ctx)
 		if err != nil {
-			return nil, &OpError{Op: "accept", Local: l.l.Addr(), Err: err}
+			<-l.pending
+			if l.ctx.Err() != nil {
+				return
+			}
+			handshakes.Wait()
+			l.err = &OpError{Op: "accept", Local: l.l.Addr(), Err: err}
+			close(l.ended)
+			return
 		}
 		peer, err := parseHello(req.PrivateData)
 		if err != nil {
@@ -164,22 +274,33 @@ func (l *Listener) Accept(ctx context.Context) (*Conn, error) {
 				reason = reason[:140]
 			}
 			req.Reject([]byte(reason))
+			<-l.pending
 			continue
 		}
-		var pool *verbs.MR
-		rc, err := req.AcceptWith(ctx, l.local.marshal(), func(s rdmacm.Setup) error {
-			mr, err := postPool(s, &l.o)
-			pool = mr
-			return err
-		})
-		if err != nil {
-			return nil, &OpError{Op: "accept", Local: req.Local, Remote: req.Remote, Err: err}
-		}
-		c, err := newConn(rc, &l.o, l.local, peer, pool, true)
-		if err != nil {
-			rc.Close()
-			return nil, &OpError{Op: "accept", Local: req.Local, Remote: req.Remote, Err: err}
-		}
-		return c, nil
+		handshakes.Add(1)
+		go func() {
+			defer handshakes.Done()
+			c, err := l.handshake(req, peer)
+			l.results <- accepted{c, err}
+		}()
 	}
+}
+
+// handshake accepts one request whose hello was acceptable.
+func (l *Listener) handshake(req *rdmacm.ConnRequest, peer hello) (*Conn, error) {
+	var pool *verbs.MR
+	rc, err := req.AcceptWith(l.ctx, l.local.marshal(), func(s rdmacm.Setup) error {
+		mr, err := postPool(s, &l.o)
+		pool = mr
+		return err
+	})
+	if err != nil {
+		return nil, &OpError{Op: "accept", Local: req.Local, Remote: req.Remote, Err: err}
+	}
+	c, err := newConn(rc, &l.o, l.local, peer, pool, true)
+	if err != nil {
+		rc.Close()
+		return nil, &OpError{Op: "accept", Local: req.Local, Remote: req.Remote, Err: err}
+	}
+	return c, nil
 }

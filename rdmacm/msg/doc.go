@@ -70,7 +70,9 @@
 // messages for Recv. Send copies the message into a registered send buffer
 // and posts it from the caller's goroutine, so many messages are in flight;
 // when the credits or the send buffers run out it waits (backpressure, never
-// an error), and then it polls the send completions itself.
+// an error), and then it polls the send completions itself. A Listener has
+// one goroutine too, from the first Accept to Close, which takes the
+// connect requests and runs their handshakes in parallel.
 //
 // # Faults
 //
@@ -79,7 +81,8 @@
 // reply slot) ends the connection: the error matches ErrProtocol and says
 // what the peer sent. A peer that goes away ends it too, and the calls
 // waiting and the next ones fail with an error that matches rdmacm.ErrEnded
-// (or ErrTransport, when a transfer failed first). A peer that vanishes
+// (or ErrTransport, when a transfer failed first). Either way, Recv first
+// returns the messages that had arrived before the end. A peer that vanishes
 // without its kernel disconnecting (a host that dies, a cut link) is
 // noticed, by default, only when a send fails, after the QP's retries (on
 // iWARP, TCP's: minutes). Config.KeepAlive turns on probes: a zero-length
@@ -97,6 +100,8 @@
 // buffers: the messages it sent and was sent, nothing else.) It takes
 // (Credits+5) receive buffers and (SendBuffers+4) send buffers, each the
 // largest message plus the header, rounded up to 64 bytes. A Message
-// points into its receive buffer until Release; Close unmaps every buffer,
-// so a Message must not be used after its connection's Close.
+// points into its receive buffer until Release, also after its
+// connection's Close: Close keeps the buffers, and the connection
+// underneath, while messages are held, and the last Release (or the
+// garbage collector, for messages dropped unreleased) frees them.
 package msg

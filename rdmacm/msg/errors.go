@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 )
@@ -12,8 +13,10 @@ import (
 // rdmacm.ErrEnded, when the connection underneath ended), so that
 // errors.Is tells what happened.
 var (
-	// ErrClosed: the Conn or Listener was closed by this side.
-	ErrClosed = errors.New("use of closed message connection")
+	// ErrClosed: the Conn or Listener was closed by this side. It also
+	// matches net.ErrClosed, as package net's errors do; a connection
+	// that the peer ended matches rdmacm.ErrEnded instead.
+	ErrClosed error = &kindError{net.ErrClosed, errors.New("use of closed message connection")}
 	// ErrProtocol: the peer broke the message protocol (garbage, a frame
 	// larger than agreed, a frame without credit, another version); the
 	// connection was ended. The error says what the peer sent.

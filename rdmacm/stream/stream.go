@@ -199,11 +199,14 @@ func (s *Conn) CloseWrite() error {
 func (s *Conn) Close() error {
 	s.closeOnce.Do(func() {
 		s.closeCancel()
-		// Blocked calls return now; once they have, no one touches the
-		// receive buffers that Close unmaps.
+		// Blocked calls return now; once they have, the message being
+		// read goes back before Close, so that Close releases everything.
 		s.rmu.Lock()
 		s.wmu.Lock()
-		s.cur = nil
+		if s.cur != nil {
+			s.cur.Release()
+			s.cur = nil
+		}
 		s.rd.stop()
 		s.wd.stop()
 		if err := s.c.Close(); err != nil {
@@ -327,8 +330,9 @@ func Listen(ctx context.Context, lc *rdmacm.ListenConfig, address string, cfg *m
 	return s, nil
 }
 
-// Accept waits for the next connection. A dialer whose handshake fails is
-// passed over; Accept returns an error once the listener is closed or
+// Accept waits for the next connection. Handshakes run in parallel (see
+// msg.Listener.Accept), so a dialer that stalls in its own holds up no
+// other. A dialer whose handshake fails is passed over; Accept returns an error once the listener is closed or
 // broken, and a temporary one (Temporary reports true, as for a socket's
 // EMFILE) when this host runs out of memory to register or descriptors.
 func (l *Listener) Accept() (net.Conn, error) {

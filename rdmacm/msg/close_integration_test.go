@@ -1,0 +1,263 @@
+//go:build integration
+
+package msg
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"io"
+	"net"
+	"runtime"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/rdmago/rdmago/rdmacm"
+)
+
+// Messages held across Close stay readable and intact; Release after Close
+// is fine; the last release (or the garbage collector, for a message
+// dropped unreleased) frees the connection, and nothing leaks.
+func TestMessagesOutliveClose(t *testing.T) {
+	forEachDevice(t, func(t *testing.T, d device) {
+		checkNoLeaks(t)
+		client, server := pair(t, d, nil, nil)
+		ctx := ctxFor(t, 30*time.Second)
+		const n = 3
+		for i := range n {
+			require.NoError(t, client.Send(ctx, payload(i, 4000)))
+		}
+		require.NoError(t, server.Send(ctx, []byte("dropped unreleased")))
+		var held []*Message
+		var bytes [][]byte // taken before Close, as a reader would
+		for range n {
+			m, err := server.Recv(ctx)
+			require.NoError(t, err)
+			held = append(held, m)
+			bytes = append(bytes, m.Bytes())
+		}
+		require.NoError(t, server.Close())
+		_, err := server.Recv(ctx)
+		assert.ErrorIs(t, err, ErrClosed)
+		assert.ErrorIs(t, err, net.ErrClosed)
+		for i, m := range held {
+			assert.Equal(t, payload(i, 4000), bytes[i], "message %d after Close", i)
+			assert.Equal(t, payload(i, 4000), m.Bytes(), "message %d after Close", i)
+		}
+		for _, m := range held[:n-1] {
+			m.Release()
+		}
+		select {
+		case <-server.freedCh:
+			t.Fatal("the connection was released while a message was still held")
+		default:
+		}
+		assert.Equal(t, payload(n-1, 4000), bytes[n-1], "the last message held, after the others went")
+		held[n-1].Release()
+		held[n-1].Release()
+		assert.Nil(t, held[n-1].Bytes(), "Bytes after Release")
+		select {
+		case <-server.freedCh:
+		case <-time.After(5 * time.Second):
+			t.Fatal("the last Release did not release the connection")
+		}
+
+		// A message dropped without Release: the garbage collector frees
+		// the connection.
+		func() {
+			m, err := client.Recv(ctx)
+			require.NoError(t, err)
+			require.Equal(t, "dropped unreleased", string(m.Bytes()))
+			require.NoError(t, client.Close())
+			assert.Equal(t, "dropped unreleased", string(m.Bytes()))
+		}()
+		deadline := time.After(10 * time.Second)
+		for freed := false; !freed; {
+			runtime.GC()
+			select {
+			case <-client.freedCh:
+				freed = true
+			case <-time.After(50 * time.Millisecond):
+			case <-deadline:
+				t.Fatal("a message dropped unreleased after Close kept the connection")
+			}
+		}
+	})
+}
+
+// A Send waiting for credit fails when this side closes with an error that
+// says so (ErrClosed, net.ErrClosed), and the peer's, waiting too, with the
+// connection's end (rdmacm.ErrEnded): not the same.
+func TestSendWaitingForCreditAndClose(t *testing.T) {
+	forEachDevice(t, func(t *testing.T, d device) {
+		checkNoLeaks(t)
+		cfg := &Config{MaxMessageSize: 256, Credits: 2}
+		client, server := pair(t, d, cfg, cfg)
+		ctx := ctxFor(t, 30*time.Second)
+		// Neither side reads: each sends until it has no credit left.
+		flood := func(c *Conn, sent *atomic.Int64) <-chan error {
+			done := make(chan error, 1)
+			go func() {
+				for {
+					if err := c.Send(ctx, []byte("flood")); err != nil {
+						done <- err
+						return
+					}
+					sent.Add(1)
+				}
+			}()
+			return done
+		}
+		var cs, ss atomic.Int64
+		clientDone, serverDone := flood(client, &cs), flood(server, &ss)
+		for last, stable := int64(-1), 0; stable < 4; {
+			time.Sleep(50 * time.Millisecond)
+			if now := cs.Load() + ss.Load(); now == last {
+				stable++
+			} else {
+				last, stable = now, 0
+			}
+		}
+		require.Positive(t, cs.Load())
+		require.Positive(t, ss.Load())
+		select {
+		case err := <-clientDone:
+			t.Fatalf("the client's Send returned: %v", err)
+		case err := <-serverDone:
+			t.Fatalf("the server's Send returned: %v", err)
+		default:
+		}
+		start := time.Now()
+		require.NoError(t, client.Close())
+		err := <-clientDone
+		assert.Less(t, time.Since(start), time.Second, "Close waited out a timeout")
+		assert.ErrorIs(t, err, ErrClosed)
+		assert.ErrorIs(t, err, net.ErrClosed)
+		assert.NotErrorIs(t, err, ErrSendClosed, "the Send waiting was told of a CloseSend: %v", err)
+		assert.NotErrorIs(t, err, rdmacm.ErrEnded, "%v", err)
+		var oe *OpError
+		assert.True(t, errors.As(err, &oe) && oe.Op == "send", "%v", err)
+		err = <-serverDone
+		assert.ErrorIs(t, err, rdmacm.ErrEnded, "the peer's Send: %v", err)
+		assert.NotErrorIs(t, err, net.ErrClosed, "the peer's Send: %v", err)
+		assert.ErrorIs(t, client.Send(ctx, nil), net.ErrClosed, "a Send after Close")
+		assert.ErrorIs(t, client.CloseSend(ctx), net.ErrClosed, "CloseSend after Close")
+	})
+}
+
+// When the connection's goroutine fails (a post the device refuses, made
+// here on purpose), the messages that had arrived are still received, in
+// order, before the error; the peer learns of the end.
+func TestFailureDeliversWhatArrived(t *testing.T) {
+	forEachDevice(t, func(t *testing.T, d device) {
+		checkNoLeaks(t)
+		cfg := &Config{MaxMessageSize: 1024, Credits: 8}
+		client, server := pair(t, d, cfg, cfg)
+		ctx := ctxFor(t, 30*time.Second)
+		require.NoError(t, client.Send(ctx, []byte("warm up")))
+		m, err := server.Recv(ctx)
+		require.NoError(t, err)
+		m.Release()
+		time.Sleep(100 * time.Millisecond) // the server's goroutine waits for receives
+
+		// The server's goroutine takes the first message and then waits for
+		// the lock; the others complete meanwhile, and its housekeeping
+		// fails right after the first.
+		injected := &kindError{ErrTransport, errors.New("injected: the device refused a post")}
+		server.mu.Lock()
+		server.fault = injected
+		const n = 4
+		for i := range n {
+			require.NoError(t, client.Send(ctx, payload(i, 1000)))
+		}
+		for sent := false; !sent; {
+			time.Sleep(20 * time.Millisecond)
+			client.mu.Lock()
+			client.reapLocked()
+			sent = len(client.freeSend) == client.nSend
+			client.mu.Unlock()
+		}
+		time.Sleep(200 * time.Millisecond) // and siw's receive side has placed them
+		server.mu.Unlock()
+
+		for i := range n {
+			m, err := server.Recv(ctx)
+			require.NoError(t, err, "message %d arrived before the failure", i)
+			assert.Equal(t, payload(i, 1000), m.Bytes())
+			m.Release()
+		}
+		_, err = server.Recv(ctx)
+		assert.ErrorIs(t, err, injected)
+		assert.ErrorIs(t, err, ErrTransport)
+		_, err = client.Recv(ctx)
+		assert.ErrorIs(t, err, rdmacm.ErrEnded, "the peer learns of the end")
+	})
+}
+
+// CloseSend while a Send copies a large message into its send buffer
+// (without the connection's lock): the message, whose Send returns nil,
+// arrives whole before the end of the stream, and the Sends after
+// CloseSend fail with ErrSendClosed.
+func TestCloseSendDuringACopy(t *testing.T) {
+	forEachDevice(t, func(t *testing.T, d device) {
+		checkNoLeaks(t)
+		cfg := &Config{MaxMessageSize: 512 << 10, Credits: 2, SendBuffers: 2}
+		client, server := pair(t, d, cfg, cfg)
+		ctx := ctxFor(t, 60*time.Second)
+		base := make([]byte, cfg.MaxMessageSize)
+		for j := range base {
+			base[j] = byte(j * 7)
+		}
+		message := func(i int) []byte {
+			b := bytes.Clone(base)
+			binary.BigEndian.PutUint64(b, uint64(i))
+			binary.BigEndian.PutUint64(b[len(b)-8:], uint64(i))
+			return b
+		}
+		sent := make(chan int, 1)
+		go func() {
+			n := 0
+			defer func() { sent <- n }()
+			for i := 0; ; i++ {
+				if err := client.Send(ctx, message(i)); err != nil {
+					assert.ErrorIs(t, err, ErrSendClosed, "message %d", i)
+					return
+				}
+				n++
+			}
+		}()
+		received := make(chan int, 1)
+		go func() {
+			n := 0
+			defer func() { received <- n }()
+			for {
+				m, err := server.Recv(ctx)
+				if err == io.EOF {
+					return
+				}
+				if !assert.NoError(t, err) {
+					return
+				}
+				assert.Equal(t, message(n), m.Bytes(), "message %d", n)
+				n++
+				m.Release()
+			}
+		}()
+		// CloseSend once the sender is in the middle of a copy.
+		for copying := false; !copying; {
+			runtime.Gosched()
+			client.mu.Lock()
+			copying = client.copying > 0
+			client.mu.Unlock()
+		}
+		require.NoError(t, client.CloseSend(ctx))
+		n := <-sent
+		t.Logf("%d messages sent before CloseSend", n)
+		assert.Positive(t, n)
+		assert.Equal(t, n, <-received, "every Send that returned nil arrived before the end")
+	})
+}
