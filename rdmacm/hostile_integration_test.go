@@ -291,10 +291,8 @@ func TestHostileAbandonedRequests(t *testing.T) {
 		l, addr := listen(t, d, &rdmacm.ListenConfig{ConnConfig: rdmacm.ConnConfig{ConnectTimeout: connectTimeout}})
 		dst := netip.MustParseAddrPort(addr)
 
-		// Destroyed at once, by another process, as a hostile peer is.
-		// (Within one process, destroying an iWARP id whose connect is
-		// pending blocks for up to 10 s and holds up every CM event of the
-		// process meanwhile: its ids share one event channel.)
+		// Destroyed at once, by another process, as a hostile peer is
+		// (TestHostileAbandonedInProcess has one in the listener's).
 		cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^$")
 		cmd.Env = append(os.Environ(), abandonEnv+"="+addr)
 		out, err := cmd.StdoutPipe()
@@ -349,6 +347,63 @@ func TestHostileAbandonedRequests(t *testing.T) {
 		t.Logf("%s: Accept of a dialer that never answered: %v after %v", d.name, err, took.Round(time.Millisecond))
 		assert.Less(t, took, connectTimeout+2*time.Second, "Accept is bounded by ConnectTimeout")
 		event(t, ctx, r.id, rdmacm.EventConnectResponse)
+		requireServes(t, l, addr)
+	})
+}
+
+// Destroying an id whose connect is still pending, in the listener's own
+// process, holds up no other id. On iWARP the destroy of its QP waits for
+// the MPA exchange to end (up to about 10 s on siw); it used to hold the
+// lock that every CM event of the process is read under, so that the
+// listener never saw the request until the wait ran out, and other ids'
+// address resolutions stalled with it.
+func TestHostileAbandonedInProcess(t *testing.T) {
+	forEachDevice(t, func(t *testing.T, d device) {
+		checkNoLeaks(t)
+		ctx := ctxFor(t, 60*time.Second)
+		l, addr := listen(t, d, &rdmacm.ListenConfig{ConnConfig: rdmacm.ConnConfig{ConnectTimeout: time.Second}})
+		dst := netip.MustParseAddrPort(addr)
+		r := newRaw(t, ctx, d, dst, nil, nil)
+		require.NoError(t, r.id.Connect(rawParam(), []byte("bye")))
+		closed := make(chan time.Duration, 1)
+		go func() {
+			start := time.Now()
+			r.close(t)
+			closed <- time.Since(start)
+		}()
+		time.Sleep(100 * time.Millisecond) // the destroy is under way
+
+		id, err := rdmacm.NewID(rdmacm.PortSpaceTCP)
+		require.NoError(t, err)
+		defer id.Close()
+		start := time.Now()
+		require.NoError(t, id.ResolveAddr(netip.Addr{}, dst, 2*time.Second))
+		event(t, ctx, id, rdmacm.EventAddrResolved)
+		assert.Less(t, time.Since(start), time.Second, "another id's address resolution")
+		if d.iwarp {
+			assert.Empty(t, closed, "the destroy waits for the listener's answer meanwhile")
+		}
+
+		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		c, err := l.Accept(actx)
+		cancel()
+		t.Logf("%s: Accept of the request: %v", d.name, err)
+		if err == nil {
+			select {
+			case <-c.Done():
+			case <-time.After(10 * time.Second):
+				t.Error("the connection of a destroyed peer did not end")
+			}
+			assert.NoError(t, c.Close())
+		} else {
+			assert.NotErrorIs(t, err, context.DeadlineExceeded, "the request reaches the listener")
+		}
+		select {
+		case took := <-closed:
+			t.Logf("%s: the raw client's Close took %v", d.name, took.Round(time.Millisecond))
+		case <-time.After(15 * time.Second):
+			t.Fatal("the raw client's Close hangs")
+		}
 		requireServes(t, l, addr)
 	})
 }
