@@ -655,3 +655,44 @@ func TestHostileAddressesAndSizes(t *testing.T) {
 		}
 	})
 }
+
+// The data path given zero, negative and huge sizes, offsets and lengths:
+// each is refused before anything is posted, by an error that says what,
+// and the connection goes on. (An RDMA WRITE or READ of a negative length
+// used to be refused as not fitting the peer's buffer.)
+func TestHostileConnSizes(t *testing.T) {
+	forEachDevice(t, func(t *testing.T, d device) {
+		checkNoLeaks(t)
+		client, server := pair(t, d, rdmacm.ConnConfig{})
+		ctx := ctxFor(t, 20*time.Second)
+		for _, n := range []int{0, -1, math.MinInt} {
+			_, err := client.RegisterMemory(n, access)
+			require.ErrorIs(t, err, syscall.EINVAL, "%d bytes", n)
+		}
+		mr, err := client.RegisterMemory(4096, access)
+		require.NoError(t, err)
+		smr, err := server.RegisterMemory(4096, access)
+		require.NoError(t, err)
+		rb := rdmacm.RemoteBufferOf(smr, 0, 4096)
+		const outside = "do not lie within the 4096-byte memory region"
+		for _, r := range []struct{ off, n int }{{-1, 1}, {0, -1}, {0, 4097}, {4096, 1}, {1, math.MaxInt}, {math.MaxInt, 1},
+			{math.MinInt, 0}, {0, math.MinInt}} {
+			assert.ErrorContains(t, client.Send(ctx, mr, r.off, r.n), outside, "send %+v", r)
+			assert.ErrorContains(t, client.PostRecv(mr, r.off, r.n), outside, "receive %+v", r)
+			assert.ErrorContains(t, client.RDMAWrite(ctx, mr, r.off, r.n, rb), outside, "write %+v", r)
+			assert.ErrorContains(t, client.RDMARead(ctx, mr, r.off, r.n, rb), outside, "read %+v", r)
+		}
+		assert.ErrorContains(t, client.Send(ctx, nil, 0, 1), "the memory region is nil")
+		assert.ErrorContains(t, client.PostRecv(nil, 0, 1), "the memory region is nil")
+		small := rdmacm.RemoteBufferOf(smr, 0, 16)
+		assert.ErrorContains(t, client.RDMAWrite(ctx, mr, 0, 17, small), "17 bytes do not fit the peer's 16-byte buffer")
+		assert.ErrorContains(t, client.RDMARead(ctx, mr, 0, 17, small), "17 bytes exceed the peer's 16-byte buffer")
+
+		require.NoError(t, server.PostRecv(smr, 0, 4096))
+		copy(mr.Bytes(), "still")
+		require.NoError(t, client.Send(ctx, mr, 0, 5))
+		wc, err := server.Recv(ctx)
+		require.NoError(t, err)
+		assert.Equal(t, "still", string(smr.Bytes()[:wc.ByteLen]))
+	})
+}
