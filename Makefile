@@ -79,7 +79,11 @@ unit: lint mingo
 	go test -run '^$$' -fuzz '^FuzzValidate$$' -fuzztime 200000x ./verbs
 	go test -run '^$$' -fuzz '^FuzzTimerEncoders$$' -fuzztime 200000x ./verbs
 	go test -run '^$$' -fuzz '^FuzzDecodePrivateData$$' -fuzztime 200000x ./rdmacm
+	go test -run '^$$' -fuzz '^FuzzReceivedPrivateData$$' -fuzztime 200000x ./rdmacm
+	go test -run '^$$' -fuzz '^FuzzParseRemoteBuffer$$' -fuzztime 200000x ./rdmacm
 	go test -run '^$$' -fuzz '^FuzzDecodeFrame$$' -fuzztime 200000x ./rdmacm/msg
+	go test -run '^$$' -fuzz '^FuzzParseHello$$' -fuzztime 200000x ./rdmacm/msg
+	go test -run '^$$' -fuzz '^FuzzPeerLine$$' -fuzztime 200000x ./oob
 
 prepare: $(RDMAVM)
 	@echo "== test bed: guest kernel, siw and initramfs (cached in $(RDMAGO_TESTBED_CACHE))"

@@ -394,14 +394,22 @@ func sayHear(tcp net.Conn, r *bufio.Reader, say, hear any) error {
 	}
 	errc := make(chan error, 1)
 	go func() { _, err := tcp.Write(append(b, '\n')); errc <- err }()
-	line, rerr := r.ReadBytes('\n')
+	// A line longer than the reader's buffer is not a peer of ours: read
+	// no more of it (ReadBytes would take a line without end whole).
+	line, rerr := r.ReadSlice('\n')
 	if werr := <-errc; werr != nil {
 		return fmt.Errorf("writing to the peer: %w", werr)
+	}
+	if errors.Is(rerr, bufio.ErrBufferFull) {
+		return fmt.Errorf("reading from the peer: a line longer than %d bytes, not QP data", r.Size())
 	}
 	if rerr != nil {
 		return fmt.Errorf("reading from the peer: %w", rerr)
 	}
-	return json.Unmarshal(line, hear)
+	if err := json.Unmarshal(line, hear); err != nil {
+		return fmt.Errorf("the peer's QP data: %w", err)
+	}
+	return nil
 }
 
 func tcpAddr(a net.Addr) netip.AddrPort {

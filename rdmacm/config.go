@@ -2,6 +2,7 @@ package rdmacm
 
 import (
 	"fmt"
+	"math"
 	"net/netip"
 	"time"
 
@@ -172,7 +173,8 @@ type Dialer struct {
 	PrivateData []byte
 
 	// ResolveAddrTimeout and ResolveRouteTimeout bound address and route
-	// resolution, 2 s each by default.
+	// resolution, 2 s each by default (at most about 24 days: librdmacm
+	// takes milliseconds in a C int).
 	ResolveAddrTimeout  time.Duration
 	ResolveRouteTimeout time.Duration
 	// ResolveRetries is how many times an ADDR_ERROR or ROUTE_ERROR other
@@ -190,7 +192,7 @@ type ListenConfig struct {
 	// answer.
 	PrivateData []byte
 	// Backlog bounds connect requests waiting for Request or Accept
-	// (default 128). A listener refuses the requests past it at once, and
+	// (default 128, at most 65536). A listener refuses the requests past it at once, and
 	// the dialer's error matches [ErrBacklogFull].
 	Backlog int
 	// ReuseAddr sets RDMA_OPTION_ID_REUSEADDR; AFOnly RDMA_OPTION_ID_AFONLY
@@ -236,6 +238,13 @@ const (
 	defaultRetries     = 2
 	defaultWR          = 16
 	defaultBacklog     = 128
+	// maxBacklog bounds ListenConfig.Backlog: the listener's queue is
+	// allocated whole, and the kernel caps its own at rdma_ucm's
+	// max_backlog (1024 by default) anyway.
+	maxBacklog = 1 << 16
+	// maxCMTimeout is the longest timeout librdmacm's resolve calls take:
+	// milliseconds in a C int.
+	maxCMTimeout = math.MaxInt32 * time.Millisecond
 	// udpQKey is the qkey the kernel CM gives every PS_UDP QP (RDMA_UDP_QKEY).
 	udpQKey = 0x01234567
 )
@@ -261,8 +270,8 @@ func (c *ConnConfig) settings(t verbs.QPType) (settings, error) {
 	if s.Mode != ModeCM && s.Mode != ModeManual {
 		return s, fmt.Errorf("rdmacm: unknown mode %v", s.Mode)
 	}
-	if c.CQEntries < 0 {
-		return s, fmt.Errorf("rdmacm: CQEntries is %d; zero means the QP's capacity", c.CQEntries)
+	if c.CQEntries < 0 || c.CQEntries > math.MaxInt32 {
+		return s, fmt.Errorf("rdmacm: CQEntries is %d, outside 1..%d; zero means the QP's capacity", c.CQEntries, math.MaxInt32)
 	}
 	var err error
 	if s.RetryCount, err = retries("RetryCount", c.RetryCount); err != nil {
@@ -309,6 +318,10 @@ func (d *Dialer) settings(t verbs.QPType) (settings, error) {
 		if err := stepTimeout(d.name, d.d); err != nil {
 			return s, err
 		}
+		// librdmacm takes these in milliseconds, in a C int.
+		if *d.d > maxCMTimeout {
+			return s, fmt.Errorf("rdmacm: %s is %v, more than the %v the CM takes", d.name, *d.d, maxCMTimeout)
+		}
 	}
 	switch {
 	case d.ResolveRetries > 0:
@@ -330,6 +343,9 @@ func (lc *ListenConfig) settings(t verbs.QPType) (settings, error) {
 	}
 	s.PrivateData, s.ReuseAddr, s.AFOnly = lc.PrivateData, lc.ReuseAddr, lc.AFOnly
 	switch {
+	case lc.Backlog > maxBacklog:
+		// The queue behind the kernel's is allocated whole.
+		return s, fmt.Errorf("rdmacm: Backlog is %d, more than %d", lc.Backlog, maxBacklog)
 	case lc.Backlog > 0:
 		s.Backlog = lc.Backlog
 	case lc.Backlog < 0:

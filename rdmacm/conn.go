@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"net/netip"
 	"strings"
@@ -525,6 +526,10 @@ func (c *conn) checkLocal(op string, mr *verbs.MR, off, n int, deviceWrites bool
 		oe.Hint = "off and n address the region: 0 <= off and off+n <= its size"
 		return oe
 	}
+	if n > math.MaxUint32 {
+		// A scatter/gather element's length is 32 bits: more would wrap.
+		return c.opError(op, nil, fmt.Errorf("%d bytes in one work request, more than its 32-bit length holds", n))
+	}
 	if !deviceWrites || n == 0 {
 		return nil
 	}
@@ -638,11 +643,11 @@ func (c *conn) send(ctx context.Context, mr *verbs.MR, off, n int) error {
 
 // rdmaWrite copies n bytes of mr from off into the peer's memory.
 func (c *conn) rdmaWrite(ctx context.Context, mr *verbs.MR, off, n int, to RemoteBuffer) error {
-	if uint32(n) > to.Len {
-		return c.opError("RDMA write", nil, fmt.Errorf("%d bytes do not fit the peer's %d-byte buffer", n, to.Len))
-	}
 	if err := c.checkLocal("RDMA write", mr, off, n, false); err != nil {
 		return err
+	}
+	if uint64(n) > uint64(to.Len) {
+		return c.opError("RDMA write", nil, fmt.Errorf("%d bytes do not fit the peer's %d-byte buffer", n, to.Len))
 	}
 	return c.post(ctx, "RDMA write", verbs.SendWR{Opcode: verbs.OpRDMAWrite, SGEs: []verbs.SGE{mr.SGE(off, n)},
 		RemoteAddr: to.Addr, RKey: to.RKey})
@@ -650,11 +655,11 @@ func (c *conn) rdmaWrite(ctx context.Context, mr *verbs.MR, off, n int, to Remot
 
 // rdmaRead copies n bytes of the peer's memory into mr at off.
 func (c *conn) rdmaRead(ctx context.Context, mr *verbs.MR, off, n int, from RemoteBuffer) error {
-	if uint32(n) > from.Len {
-		return c.opError("RDMA read", nil, fmt.Errorf("%d bytes exceed the peer's %d-byte buffer", n, from.Len))
-	}
 	if err := c.checkLocal("RDMA read", mr, off, n, true); err != nil {
 		return err
+	}
+	if uint64(n) > uint64(from.Len) {
+		return c.opError("RDMA read", nil, fmt.Errorf("%d bytes exceed the peer's %d-byte buffer", n, from.Len))
 	}
 	return c.post(ctx, "RDMA read", verbs.SendWR{Opcode: verbs.OpRDMARead, SGEs: []verbs.SGE{mr.SGE(off, n)},
 		RemoteAddr: from.Addr, RKey: from.RKey})

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"net/netip"
 	"sync"
 	"syscall"
@@ -378,8 +379,13 @@ func (c *ID) ResolveAddr(src netip.Addr, dst netip.AddrPort, timeout time.Durati
 		return err
 	}
 	defer c.leave()
+	ms, err := timeoutMS(timeout)
+	if err != nil {
+		oe := c.fail("rdma_resolve_addr", err)
+		oe.Remote = dst
+		return oe
+	}
 	var s cma.SockAddr
-	var err error
 	if src.IsValid() {
 		s, err = sockaddrOf(netip.AddrPortFrom(src, 0))
 	}
@@ -388,7 +394,7 @@ func (c *ID) ResolveAddr(src netip.Addr, dst netip.AddrPort, timeout time.Durati
 		d, err = sockaddrOf(dst)
 	}
 	if err == nil {
-		err = c.h.ResolveAddr(s, d, int(timeout.Milliseconds()))
+		err = c.h.ResolveAddr(s, d, ms)
 	}
 	if err != nil {
 		oe := c.fail("rdma_resolve_addr", err)
@@ -406,19 +412,37 @@ func (c *ID) ResolveRoute(timeout time.Duration) error {
 		return err
 	}
 	defer c.leave()
-	if err := c.h.ResolveRoute(int(timeout.Milliseconds())); err != nil {
+	ms, err := timeoutMS(timeout)
+	if err == nil {
+		err = c.h.ResolveRoute(ms)
+	}
+	if err != nil {
 		return c.fail("rdma_resolve_route", err)
 	}
 	return nil
 }
 
+// timeoutMS is a resolve call's timeout as librdmacm takes it:
+// milliseconds in a C int.
+func timeoutMS(timeout time.Duration) (int, error) {
+	if timeout < 0 || timeout > maxCMTimeout {
+		return 0, fmt.Errorf("%w: timeout %v outside 0..%v (milliseconds in a C int)", syscall.EINVAL, timeout, maxCMTimeout)
+	}
+	return int(timeout.Milliseconds()), nil
+}
+
 // Listen listens for connect requests on the bound address (rdma_listen);
 // each comes as a CONNECT_REQUEST event whose ID is the request's own id.
+// The kernel caps backlog at rdma_ucm's max_backlog, and takes zero for
+// that maximum.
 func (c *ID) Listen(backlog int) error {
 	if err := c.enter("rdma_listen"); err != nil {
 		return err
 	}
 	defer c.leave()
+	if backlog < 0 || backlog > math.MaxInt32 {
+		return c.fail("rdma_listen", fmt.Errorf("%w: backlog %d outside 0..%d", syscall.EINVAL, backlog, math.MaxInt32))
+	}
 	if err := c.h.Listen(backlog); err != nil {
 		return c.fail("rdma_listen", err)
 	}

@@ -247,6 +247,9 @@ func (e *endpoint) prepare() error {
 			return oe
 		}
 	}
+	if err := e.checkCap(dev); err != nil {
+		return err
+	}
 	if o.PD != nil {
 		e.res.pd, e.res.sharedPD = o.PD, true
 	} else if e.res.pd, err = dev.AllocPD(); err != nil {
@@ -276,6 +279,43 @@ func (e *endpoint) prepare() error {
 		}
 		if err := e.res.qp.Modify(&verbs.QPAttr{State: verbs.QPStateRTS}, verbs.AttrState|verbs.AttrSQPSN); err != nil {
 			return e.fail("modify QP RTR→RTS", nil, err)
+		}
+	}
+	return nil
+}
+
+// checkCap refuses queue sizes the device cannot make, naming the field:
+// the driver would refuse them with a bare EINVAL (and a CQ size past a C
+// int would wrap).
+func (e *endpoint) checkCap(dev *verbs.Device) error {
+	a, err := queryDevice(dev)
+	if err != nil {
+		return e.fail("query device", nil, err)
+	}
+	o := e.o
+	checks := []struct {
+		field    string
+		v, limit int
+		attr     string
+	}{
+		{"Cap.MaxSendWR", int(o.Cap.MaxSendWR), a.MaxQPWR, "MaxQPWR"},
+		{"Cap.MaxRecvWR", int(o.Cap.MaxRecvWR), a.MaxQPWR, "MaxQPWR"},
+		{"Cap.MaxSendSGE", int(o.Cap.MaxSendSGE), a.MaxSGE, "MaxSGE"},
+		{"Cap.MaxRecvSGE", int(o.Cap.MaxRecvSGE), a.MaxSGE, "MaxSGE"},
+	}
+	if o.CQEntries > 0 && (o.SendCQ == nil || o.RecvCQ == nil) {
+		checks = append(checks, struct {
+			field    string
+			v, limit int
+			attr     string
+		}{"CQEntries", o.CQEntries, a.MaxCQE, "MaxCQE"})
+	}
+	for _, c := range checks {
+		if c.limit > 0 && c.v > c.limit {
+			oe := e.fail("create QP", nil, fmt.Errorf("%w: ConnConfig.%s is %d, more than %s's %s of %d",
+				syscall.EINVAL, c.field, c.v, dev.Info.Name, c.attr, c.limit))
+			oe.Hint = "Device.Query gives the device's limits"
+			return oe
 		}
 	}
 	return nil

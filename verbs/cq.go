@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -41,6 +42,11 @@ func (c *CQ) Device() *Device { return c.dev }
 
 // CreateCQ creates a completion queue of at least entries entries.
 func (d *Device) CreateCQ(entries int) (*CQ, error) {
+	if entries < 1 || entries > math.MaxInt32 {
+		// libibverbs takes a C int: more would wrap, to a CQ of another size.
+		return nil, &OpError{Op: "ibv_create_cq", Device: d.Info.Name, Detail: fmt.Sprintf("%d entries", entries), Err: syscall.EINVAL,
+			Hint: "entries must be positive, and at most the device's MaxCQE (Device.Query)"}
+	}
 	ctx, err := d.context()
 	if err != nil {
 		return nil, err

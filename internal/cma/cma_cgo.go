@@ -185,10 +185,12 @@ type Channel struct {
 	ch *C.struct_rdma_event_channel
 	ev *C.struct_rdmago_event // the copy-out buffer, C memory
 
-	// qps is held while an event is read and while a QP librdmacm made
-	// is created or destroyed: rdma_get_cm_event moves an id's QP itself
-	// (CONNECT_RESPONSE, REJECTED, MULTICAST_JOIN), which must not meet
-	// rdma_destroy_qp on another thread. Reading an event never blocks.
+	// qps is held while an event is read, while a QP librdmacm made is
+	// created and while one leaves its id to be destroyed:
+	// rdma_get_cm_event moves an id's QP itself (CONNECT_RESPONSE,
+	// REJECTED, MULTICAST_JOIN), which must not meet the QP's destroy on
+	// another thread. Reading an event never blocks; a QP's destroy can,
+	// and happens outside.
 	qps sync.Mutex
 }
 
@@ -471,8 +473,8 @@ func (i *ID) InitQPAttr(state int) (ibv.QPAttr, uint32, error) {
 	return ibv.QPAttrAt(unsafe.Pointer(&a)), uint32(mask), nil
 }
 
-// CreateQP is rdma_create_qp: librdmacm creates the QP, moves it, and
-// destroys it with rdma_destroy_qp when the returned QP is destroyed.
+// CreateQP is rdma_create_qp: librdmacm creates the QP and moves it; the
+// returned QP's Destroy is rdma_destroy_qp's.
 func (i *ID) CreateQP(pd *ibv.PD, scq, rcq *ibv.CQ, qpType int, cp ibv.QPCap, signalAll bool) (*ibv.QP, error) {
 	sig := C.int(0)
 	if signalAll {
@@ -486,11 +488,20 @@ func (i *ID) CreateQP(pd *ibv.PD, scq, rcq *ibv.CQ, qpType int, cp ibv.QPCap, si
 	if rc != 0 {
 		return nil, errnoOf(err)
 	}
-	id, ch := i.id, i.ch
-	return ibv.AdoptQP(unsafe.Pointer(id.qp), func() {
+	id, ch, qp := i.id, i.ch, i.id.qp
+	return ibv.AdoptQP(unsafe.Pointer(qp), func() {
+		// rdma_destroy_qp in two steps (the CQs are the caller's, so it
+		// has none of its own to destroy): the QP leaves its id under the
+		// lock, as an event being read may move it, and is destroyed
+		// outside it. On iWARP the destroy of a QP whose connect is still
+		// pending waits for the MPA exchange to end (about 10 s on siw):
+		// under the lock, every id's events waited with it.
 		ch.qps.Lock()
-		C.rdma_destroy_qp(id)
+		if id.qp == qp {
+			id.qp = nil
+		}
 		ch.qps.Unlock()
+		C.ibv_destroy_qp(qp)
 	}), nil
 }
 
