@@ -237,6 +237,11 @@ func (c *conn) end(kind error, ev *Event) {
 		}
 		e := c.opError(opConnection, ErrEnded, cause)
 		e.Hint = endHint(kind, c.disconnecting.Load())
+		if ev != nil && ev.Type != EventDisconnected && kind == ErrDisconnected {
+			e.Hint = "the peer gave up on the connection after this side had it established: most often the " +
+				"peer's accept timed out (its ConnectTimeout) before this side's answer to its reply arrived, " +
+				"as happens under load; Close this side and dial again"
+		}
 		if ev != nil {
 			e.Event, e.Status = ev.Type.String(), ev.Status
 		}
@@ -372,6 +377,15 @@ func (c *conn) onEvent(ev *Event) {
 		c.end(ErrDeviceRemoved, ev)
 	case EventAddrChange:
 		c.end(ErrAddrChanged, ev)
+	case EventRejected, EventUnreachable, EventConnectError:
+		// A dialer's connection is up once its CM has answered the
+		// listener's reply (the RTU), but the listener's accept may have
+		// timed out before that answer arrived: its CM then rejects the
+		// connection, and librdmacm moves this side's QP to the error
+		// state. Left up, the connection would look alive with a dead QP.
+		if c.qp.Type != verbs.QPTypeUD {
+			c.end(ErrDisconnected, ev)
+		}
 	case eventChannelFailed:
 		c.end(ErrEventChannel, ev)
 	}
