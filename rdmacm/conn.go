@@ -202,8 +202,9 @@ func (c *conn) learnGIDType() bool {
 func (c *conn) LocalAddr() netip.AddrPort { return c.path.Local }
 
 // Done is closed when the connection ends: the peer disconnected (or its
-// process exited), the device went away, the local address moved, or
-// this side ended it (Conn.Disconnect, Close). Err then says which.
+// process exited, or its accept gave up on a dialed connection before the
+// handshake reached it), the device went away, the local address moved,
+// or this side ended it (Conn.Disconnect, Close). Err then says which.
 //
 // From then on every call that uses the connection (the senders, Recv,
 // PostRecv, ReplyTo, RegisterMemory) fails at once, and one waiting when
