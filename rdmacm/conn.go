@@ -203,8 +203,9 @@ func (c *conn) learnGIDType() bool {
 func (c *conn) LocalAddr() netip.AddrPort { return c.path.Local }
 
 // Done is closed when the connection ends: the peer disconnected (or its
-// process exited), the device went away, the local address moved, or
-// this side ended it (Conn.Disconnect, Close). Err then says which.
+// process exited, or its accept gave up on a dialed connection before the
+// handshake reached it), the device went away, the local address moved,
+// or this side ended it (Conn.Disconnect, Close). Err then says which.
 //
 // From then on every call that uses the connection (the senders, Recv,
 // PostRecv, ReplyTo, RegisterMemory) fails at once, and one waiting when
@@ -238,6 +239,11 @@ func (c *conn) end(kind error, ev *Event) {
 		}
 		e := c.opError(opConnection, ErrEnded, cause)
 		e.Hint = endHint(kind, c.disconnecting.Load())
+		if ev != nil && ev.Type != EventDisconnected && kind == ErrDisconnected {
+			e.Hint = "the peer gave up on the connection after this side had it established: most often the " +
+				"peer's accept timed out (its ConnectTimeout) before this side's answer to its reply arrived, " +
+				"as happens under load; Close this side and dial again"
+		}
 		if ev != nil {
 			e.Event, e.Status = ev.Type.String(), ev.Status
 		}
@@ -373,6 +379,15 @@ func (c *conn) onEvent(ev *Event) {
 		c.end(ErrDeviceRemoved, ev)
 	case EventAddrChange:
 		c.end(ErrAddrChanged, ev)
+	case EventRejected, EventUnreachable, EventConnectError:
+		// A dialer's connection is up once its CM has answered the
+		// listener's reply (the RTU), but the listener's accept may have
+		// timed out before that answer arrived: its CM then rejects the
+		// connection, and librdmacm moves this side's QP to the error
+		// state. Left up, the connection would look alive with a dead QP.
+		if c.qp.Type != verbs.QPTypeUD {
+			c.end(ErrDisconnected, ev)
+		}
 	case eventChannelFailed:
 		c.end(ErrEventChannel, ev)
 	}

@@ -149,11 +149,26 @@ func (e *endpoint) answer(ctx context.Context) (*conn, error) {
 		}
 		return nil, e.failEvent("connect", ErrUnreachable, ev)
 	case EventConnectError:
-		return nil, e.failEvent("connect", ErrConnect, ev)
+		return nil, e.connectError(ev)
 	case EventDeviceRemoval:
 		return nil, e.failEvent("connect", ErrDeviceRemoved, ev)
 	}
 	return nil, e.failEvent("connect", ErrConnect, ev)
+}
+
+// connectError is the dialer's error for CONNECT_ERROR. On InfiniBand and
+// RoCE librdmacm makes that event itself when it cannot act on the peer's
+// reply (move the QP to RTR and RTS, or send the RTU), with status -1:
+// "see errno", which an event cannot carry. It is not EPERM.
+func (e *endpoint) connectError(ev *Event) *OpError {
+	oe := e.failEvent("connect", ErrConnect, ev)
+	if !e.iwarp && ev.Status == -1 {
+		oe.Err = nil
+		oe.Hint = "librdmacm could not act on the peer's reply (move the QP to RTR and RTS, or send the RTU); " +
+			"most often the peer gave up on the request first: its accept timed out (its ConnectTimeout), " +
+			"as happens under load, and its CM rejected the connection"
+	}
+	return oe
 }
 
 // rejected is the dialer's error for a reject: a *RejectedError carrying

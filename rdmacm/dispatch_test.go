@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -392,4 +393,26 @@ func TestCloseNeverFreesTheIDUnderACall(t *testing.T) {
 	require.NoError(t, id.Close())
 	assert.ErrorIs(t, ev.Err(), ErrRejected)
 	src.fail <- errors.New("test over")
+}
+
+// librdmacm's own CONNECT_ERROR on InfiniBand and RoCE has status -1
+// ("see errno"): the dialer's error must not read it as EPERM.
+func TestConnectErrorOfLibrdmacmIsNotEPERM(t *testing.T) {
+	src := newFakeSource()
+	ch := newChannel(src)
+	id, err := ch.newID(PortSpaceTCP)
+	require.NoError(t, err)
+	defer func() { id.Close(); src.fail <- errors.New("test over") }()
+	e := &endpoint{op: "dial", o: &settings{}, id: id, remote: netip.MustParseAddrPort("10.0.0.2:2")}
+	oe := e.connectError(&Event{Type: EventConnectError, Status: -1})
+	assert.ErrorIs(t, oe, ErrConnect)
+	assert.NotContains(t, oe.Error(), "not permitted")
+	assert.Contains(t, oe.Error(), "RTU")
+	assert.Contains(t, oe.Error(), "10.0.0.2:2")
+
+	// siw's own statuses are errnos.
+	e.iwarp = true
+	oe = e.connectError(&Event{Type: EventConnectError, Status: -22})
+	assert.ErrorIs(t, oe, ErrConnect)
+	assert.ErrorIs(t, oe, syscall.EINVAL)
 }

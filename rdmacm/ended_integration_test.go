@@ -4,6 +4,7 @@ package rdmacm_test
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -158,4 +159,54 @@ func TestEndedPeerReleasesAWaitingSend(t *testing.T) {
 	send := blocked(t, "Send", func() error { return client.Send(context.Background(), mr, 0, 64) })
 	require.NoError(t, server.Close())
 	released(t, "Send", send, rdmacm.ErrDisconnected)
+}
+
+// What a connection storm found on RoCE: a listener's accept can time out
+// waiting for the dialer's RTU after the dialer's Dial has returned. The
+// listener's CM then rejects (or disconnects) the connection, and the
+// dialer's connection must end, saying so, not look up with a dead QP
+// (librdmacm moves it to the error state on the reject). A listener whose
+// accepts time out at once gives up on most requests that way.
+func TestDialerLearnsThatTheListenerGaveUp(t *testing.T) {
+	checkNoLeaks(t)
+	d := rxe(t)
+	ctx := ctxFor(t, 60*time.Second)
+	l, addr := listen(t, d, &rdmacm.ListenConfig{ConnConfig: rdmacm.ConnConfig{ConnectTimeout: time.Microsecond}})
+	gaveUp := 0
+	for range 8 {
+		accepted := make(chan error, 1)
+		go func() {
+			c, err := l.Accept(ctx)
+			if c != nil {
+				c.Close()
+			}
+			accepted <- err
+		}()
+		c, err := rdmacm.Dial(ctx, addr)
+		aerr := <-accepted
+		if err != nil {
+			// The listener's reject arrived before the RTU went out.
+			var oe *rdmacm.OpError
+			require.ErrorAs(t, err, &oe)
+			assert.True(t, errors.Is(err, rdmacm.ErrRejected) || errors.Is(err, rdmacm.ErrConnect), "%v", err)
+			assert.NotContains(t, err.Error(), "not permitted", "librdmacm's -1 is no errno")
+			continue
+		}
+		if aerr == nil {
+			require.NoError(t, c.Close())
+			continue
+		}
+		require.ErrorIs(t, aerr, rdmacm.ErrTimeout)
+		gaveUp++
+		select {
+		case <-c.Done():
+			assert.ErrorIs(t, c.Err(), rdmacm.ErrEnded)
+			assert.ErrorIs(t, c.Err(), rdmacm.ErrDisconnected)
+			t.Log(c.Err())
+		case <-time.After(5 * time.Second):
+			t.Errorf("the listener gave up on %v (%v), but 5 s later the dialer's connection still looks up", c.LocalAddr(), aerr)
+		}
+		require.NoError(t, c.Close())
+	}
+	require.NotZero(t, gaveUp, "no accept timed out after its dial returned")
 }

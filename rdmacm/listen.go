@@ -468,6 +468,9 @@ func (e *endpoint) accept(ctx context.Context, r *request, privateData []byte) (
 		}
 		var oe *OpError
 		if errors.As(err, &oe) && errors.Is(err, syscall.EINVAL) {
+			// A failure of this request, as peerGone's are: the
+			// listener goes on.
+			oe.Kind = ErrConnect
 			oe.Hint = "the CM no longer takes this request: the dialer probably gave up (cancelled or timed out) while it waited"
 		}
 		return nil, err

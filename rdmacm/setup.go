@@ -92,9 +92,11 @@ func (e *endpoint) await(ctx context.Context, step string, d time.Duration) (*Ev
 func timeoutHint(step string) string {
 	switch step {
 	case "connect":
-		return "the peer did not answer: is it up, reachable, and is the port right? (a missing listener is rejected quickly on RoCE, but a dead or unreachable host only times out)"
+		return "the peer did not answer: is it up, reachable, and is the port right? (a missing listener is rejected quickly on RoCE, but a dead or unreachable host only times out); " +
+			"a listener flooded with requests can also lose them or its answers: retry later"
 	case "accept":
-		return "the peer did not complete the handshake (it may have given up or gone away)"
+		return "the peer did not complete the handshake (it may have given up or gone away, or be too loaded to answer " +
+			"within ConnectTimeout)"
 	}
 	return "raise the step's timeout in the Dialer or ConnConfig if the network is slow"
 }
