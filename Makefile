@@ -7,6 +7,8 @@ SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
 
 export RDMAGO_TESTBED_CACHE ?= $(CURDIR)/.cache/testbed
+# The fault matrix's tests keep their tables here (bench/faults-*.md).
+export RDMAGO_FAULT_TABLE_DIR ?= $(CURDIR)/bench
 RDMAVM := $(CURDIR)/bin/rdmavm
 # Programs with heavy dependencies (gRPC) live in a module of their own, so
 # that the library's go.mod holds only what the library needs.

@@ -27,6 +27,7 @@ type faultRow struct {
 	errors           string        // what the application saw
 	leaked           string        // "none", or what was left
 	lost             string        // messages the sender was told were sent, that never arrived
+	failed           bool          // the connection ended, though detection was not timed
 }
 
 type faultTable struct {
@@ -48,8 +49,11 @@ func (ft *faultTable) markdown(title string) string {
 	b.WriteString("| fault | transport | detected after | bound | errors the application saw | leaked | lost messages |\n|---|---|---:|---:|---|---|---:|\n")
 	for _, r := range ft.rows {
 		detect, bound := "not an error", "–"
-		if r.detect > 0 {
+		switch {
+		case r.detect > 0:
 			detect = r.detect.Round(time.Millisecond).String()
+		case r.failed:
+			detect = "failed (not timed)"
 		}
 		if r.bound > 0 {
 			bound = r.bound.String()

@@ -7,7 +7,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -27,18 +26,6 @@ import (
 	"github.com/rdmago/rdmago/test/testbed"
 	"github.com/rdmago/rdmago/verbs"
 )
-
-// payload is message i of a stream: its number, then bytes that depend on
-// it, of a length that varies up to max.
-func payload(i, max int) []byte {
-	n := 8 + (i*7919)%(max-7)
-	b := make([]byte, n)
-	binary.BigEndian.PutUint64(b, uint64(i))
-	for j := 8; j < n; j++ {
-		b[j] = byte(i + j)
-	}
-	return b
-}
 
 // Messages both ways at once arrive whole and in order; the receivers hold
 // a few and release them in reverse order.

@@ -7,6 +7,9 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"regexp"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -20,15 +23,24 @@ func TestMain(m *testing.M) {
 	if spec := os.Getenv(keepalivePeerEnv); spec != "" {
 		os.Exit(keepalivePeer(spec))
 	}
+	if spec := os.Getenv(faultPeerEnv); spec != "" {
+		os.Exit(faultPeer(spec))
+	}
 	os.Exit(m.Run())
 }
 
-// TestTwoGuestsKeepalive holds an idle message connection over rxe and one
-// over siw from guest b to guest a, then takes a away: first its RoCE link
-// (the siw connection, on the other link, must stay up), then the whole
-// guest. Guest b learns of each only through its keepalive probes, within
-// the bound.
-func TestTwoGuestsKeepalive(t *testing.T) {
+// TestTwoGuestsFaultMatrix stages the faults that need a second kernel on
+// message connections from guest b to guest a, over rxe (eth0) and siw
+// (eth1), and records each as a row of the fault table:
+//
+//   - a link flap shorter than the retry window, under a stream of
+//     numbered messages: the connection must survive and every message
+//     arrive, in order;
+//   - a link cut for longer than the keepalive bound, under an idle
+//     connection: b learns of it only through its keepalive probes, and the
+//     connection on the other link stays up;
+//   - guest a killed outright, under idle connections on both links.
+func TestTwoGuestsFaultMatrix(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	a, b, err := testbed.BootPair(ctx, testbed.Options{})
@@ -36,45 +48,192 @@ func TestTwoGuestsKeepalive(t *testing.T) {
 	t.Cleanup(func() { a.Close(); b.Close() })
 	self, err := os.Executable()
 	require.NoError(t, err)
-	start := func(g *testbed.Guest, spec string) (*testbed.Cmd, *lockedOutput) {
+	start := func(g *testbed.Guest, env, spec string) (*testbed.Cmd, *lockedOutput) {
 		c := g.Command(ctx, self, "-test.run=^$")
-		c.Env = append(os.Environ(), keepalivePeerEnv+"="+spec)
+		c.Env = append(os.Environ(), env+"="+spec)
 		out := &lockedOutput{}
 		c.Stdout, c.Stderr = out, out
 		require.NoError(t, c.Start())
 		return c, out
 	}
-	type conn struct {
+	devs := []string{"rxe0", "siw0"}
+	transport := map[string]string{"rxe0": "RoCE (rxe)", "siw0": "iWARP (siw)"}
+	netdev := func(dev string) string { return a.Topology.MustDevice(t, dev).Netdev }
+	addrOf := func(dev string, port int) string {
+		return fmt.Sprintf("%s:%d", a.Topology.MustDevice(t, dev).IPv4, port)
+	}
+	var table faultTable
+
+	// A flap on both links at once, under a stream each.
+	const flap = 200 * time.Millisecond
+	type streamEnds struct {
+		src, sink       *testbed.Cmd
+		srcOut, sinkOut *lockedOutput
+	}
+	streams := map[string]streamEnds{}
+	for i, dev := range devs {
+		addr := addrOf(dev, 7900+i)
+		sink, sinkOut := start(a, faultPeerEnv, "sink:"+addr)
+		require.NoError(t, a.WaitListening(ctx, netip.MustParseAddrPort(addr)))
+		src, srcOut := start(b, faultPeerEnv, "source:"+addr+"/4s")
+		waitFor(t, srcOut, "source connected", time.Minute)
+		streams[dev] = streamEnds{src, sink, srcOut, sinkOut}
+	}
+	time.Sleep(time.Second)
+	for _, dev := range devs {
+		require.NoError(t, a.SetLink(ctx, netdev(dev), false))
+	}
+	time.Sleep(flap)
+	for _, dev := range devs {
+		require.NoError(t, a.SetLink(ctx, netdev(dev), true))
+	}
+	for _, dev := range devs {
+		e := streams[dev]
+		srcErr, sinkErr := e.src.Wait(), e.sink.Wait()
+		row := faultRow{fault: fmt.Sprintf("link flap (%v down) under a stream", flap), transport: transport[dev],
+			bound: keepaliveBound, leaked: peerLeaks(e.srcOut, e.sinkOut)}
+		sent, got := count(e.srcOut, `sent (\d+)`), count(e.sinkOut, `received (\d+) in order`)
+		survived := srcErr == nil && sinkErr == nil
+		if survived {
+			row.errors = fmt.Sprintf("none: the connection survived; %d messages sent, Close returned nil", sent)
+			row.lost = fmt.Sprintf("%d of %d", sent-got, sent)
+		} else {
+			// The sender was told the connection failed, not that its
+			// messages arrived: what did arrive must be a whole, ordered
+			// prefix of what was sent.
+			row.errors = "source: " + between(e.srcOut.String(), "send error: ", "; close:") +
+				" / sink: " + between(e.sinkOut.String(), "then: ", "\n")
+			row.lost = fmt.Sprintf("0 (failed: %d sent, the first %d arrived in order)", sent, got)
+			row.failed = true
+			assert.NotContains(t, e.sinkOut.String(), "altered or out of order")
+			assert.LessOrEqual(t, got, sent)
+		}
+		table.add(row)
+		assert.Positive(t, sent)
+		assert.Equal(t, "none", row.leaked)
+		if dev == "rxe0" {
+			// RoCE retransmits through a short flap: it must survive whole.
+			assert.True(t, survived, "%s source:\n%s\nsink:\n%s", dev, e.srcOut, e.sinkOut)
+			assert.Equal(t, sent, got, "%s: every message sent arrives", dev)
+		} else if !survived {
+			// siw (Linux 6.1) has been seen to end the connection (both
+			// ends DISCONNECTED) when its netdev goes down for 200 ms: a
+			// limitation of the device, which the table records. Each end
+			// must still learn of it, within the bound, and clean up.
+			assert.Contains(t, e.srcOut.String(), "send error: ", "the sender learns of the failure")
+			t.Logf("%s did not survive the flap:\n%s\n%s", dev, e.srcOut, e.sinkOut)
+		}
+	}
+
+	// Idle connections with keepalive on both links.
+	type idle struct {
 		cli  *testbed.Cmd
 		cout *lockedOutput
 	}
-	conns := map[string]conn{}
-	for i, dev := range []string{"rxe0", "siw0"} {
-		addr := fmt.Sprintf("%s:%d", a.Topology.MustDevice(t, dev).IPv4, 7800+i)
-		_, sout := start(a, "server:"+addr)
-		require.NoError(t, a.WaitListening(ctx, netip.MustParseAddrPort(addr)))
-		cli, cout := start(b, "client:"+addr)
-		waitFor(t, cout, "client connected", time.Minute)
-		waitFor(t, sout, "server connected", time.Minute)
-		conns[dev] = conn{cli, cout}
+	connectIdle := func(port int) map[string]idle {
+		conns := map[string]idle{}
+		for i, dev := range devs {
+			addr := addrOf(dev, port+i)
+			_, sout := start(a, keepalivePeerEnv, "server:"+addr)
+			require.NoError(t, a.WaitListening(ctx, netip.MustParseAddrPort(addr)))
+			cli, cout := start(b, keepalivePeerEnv, "client:"+addr)
+			waitFor(t, cout, "client connected", time.Minute)
+			waitFor(t, sout, "server connected", time.Minute)
+			conns[dev] = idle{cli, cout}
+		}
+		return conns
 	}
+	noticed := func(fault, dev string, c idle, d time.Duration) {
+		err := c.cli.Wait()
+		out := c.cout.String()
+		row := faultRow{fault: fault, transport: transport[dev], bound: keepaliveBound, detect: d,
+			errors: "Recv: " + strings.TrimSpace(between(out, "probes sent: ", "\n")), leaked: peerLeaks(c.cout), lost: "– (idle)"}
+		table.add(row)
+		assert.NoError(t, err, "%s client:\n%s", dev, out)
+		assert.Contains(t, out, "saw the peer stop answering")
+		assert.Equal(t, "none", row.leaked)
+	}
+	conns := connectIdle(7800)
 	time.Sleep(1500 * time.Millisecond)
 	for dev, c := range conns {
 		require.NotContains(t, c.cout.String(), "Recv failed", "%s: a live peer was declared dead", dev)
 	}
+	// One link at a time: the other connection must stay up.
+	for i, dev := range devs {
+		require.NoError(t, a.SetLink(ctx, netdev(dev), false))
+		d := waitFor(t, conns[dev].cout, "Recv failed", keepaliveBound)
+		noticed("link cut (netdev down) past the keepalive bound", dev, conns[dev], d)
+		if i == 0 {
+			assert.NotContains(t, conns[devs[1]].cout.String(), "Recv failed", "%s is on the other link, which is up", devs[1])
+		}
+	}
 
-	// The RoCE link goes down on a's side.
-	require.NoError(t, a.SetLink(ctx, a.Topology.MustDevice(t, "rxe0").Netdev, false))
-	d := waitFor(t, conns["rxe0"].cout, "Recv failed", keepaliveBound)
-	require.NoError(t, conns["rxe0"].cli.Wait(), "rxe0 client:\n%s", conns["rxe0"].cout)
-	assert.Contains(t, conns["rxe0"].cout.String(), "saw the peer stop answering")
-	t.Logf("rxe0, link cut: noticed within %v (bound %v):\n%s", d.Round(time.Millisecond), keepaliveBound, conns["rxe0"].cout)
-	assert.NotContains(t, conns["siw0"].cout.String(), "Recv failed", "siw0 is on the other link, which is up")
-
-	// Then guest a vanishes.
+	// A fresh pair for the last fault: after its link was cut for a few
+	// seconds and put back, a's rxe0 took no new connection within 30 s
+	// (the dial's requests timed out; its IPv4 GID was back), which is
+	// still to be explained.
+	a.Close()
+	b.Close()
+	a, b, err = testbed.BootPair(ctx, testbed.Options{})
+	require.NoError(t, err)
+	t.Cleanup(func() { a.Close(); b.Close() })
+	conns = connectIdle(7810)
 	a.Kill()
-	d = waitFor(t, conns["siw0"].cout, "Recv failed", keepaliveBound)
-	require.NoError(t, conns["siw0"].cli.Wait(), "siw0 client:\n%s", conns["siw0"].cout)
-	assert.Contains(t, conns["siw0"].cout.String(), "saw the peer stop answering")
-	t.Logf("siw0, peer guest killed: noticed within %v (bound %v):\n%s", d.Round(time.Millisecond), keepaliveBound, conns["siw0"].cout)
+	killed := time.Now()
+	for _, dev := range devs {
+		waitFor(t, conns[dev].cout, "Recv failed", keepaliveBound-time.Since(killed))
+		noticed("peer guest killed", dev, conns[dev], time.Since(killed))
+	}
+	table.write(t, "faults-two-guests.md", "Faults across two guests (TestTwoGuestsFaultMatrix)",
+		fmt.Sprintf("Message connections (rdmacm/msg) from guest b to guest a, rxe on one link and siw on the other, with "+
+			"KeepAlive %v and KeepAliveTimeout %v (bound: 2 × KeepAlive + KeepAliveTimeout and 2 s of slack for the emulated "+
+			"CPU). Faults are made on a's side; b's processes report what they saw and what they left behind (cm_ids, "+
+			"QPs, CQs, MRs, PDs, fds, goroutines after Close). \"Lost\" is messages whose Send returned nil and that never "+
+			"reached the peer's Recv.", keepaliveTestConfig.KeepAlive, keepaliveTestConfig.KeepAliveTimeout))
+}
+
+// count reads the first number pattern captures in out (0 if none).
+func count(out *lockedOutput, pattern string) int {
+	m := regexp.MustCompile(pattern).FindStringSubmatch(out.String())
+	if m == nil {
+		return 0
+	}
+	n, _ := strconv.Atoi(m[1])
+	return n
+}
+
+// peerLeaks joins what the peers reported left behind ("none" if all did).
+func peerLeaks(outs ...*lockedOutput) string {
+	var left []string
+	for _, o := range outs {
+		l := between(o.String(), "leaked: ", "\n")
+		if l == "" {
+			l = "not reported"
+		}
+		if l != "none" {
+			left = append(left, l)
+		}
+	}
+	if len(left) == 0 {
+		return "none"
+	}
+	return strings.Join(left, "; ")
+}
+
+// between is the text of s after the first from, up to to.
+func between(s, from, to string) string {
+	_, after, ok := strings.Cut(s, from)
+	if !ok {
+		return ""
+	}
+	before, _, _ := strings.Cut(after, to)
+	return before
+}
+
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, " / ")
 }
