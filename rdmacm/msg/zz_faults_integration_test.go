@@ -31,7 +31,8 @@ import (
 //   - the peer process killed (SIGKILL);
 //   - the listener closed with connect requests pending;
 //   - the address removed from the device's netdev (on a device of its
-//     own: the kernel raises ADDR_CHANGE only for bonding failovers);
+//     own: Linux 6.1 raises ADDR_CHANGE for a bonding failover, not for a
+//     removed address, and none was seen);
 //   - the device deleted under live connections, then added again, and a
 //     new connection in the same process.
 //
