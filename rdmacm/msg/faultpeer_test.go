@@ -1,11 +1,10 @@
-//go:build integration || testbed
+//go:build testbed
 
 package msg
 
 import (
 	"bytes"
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -104,16 +103,4 @@ func faultPeer(spec string) int {
 	}
 	fmt.Println("unknown role", role)
 	return 1
-}
-
-// payload is message i of a stream: its number, then bytes that depend on
-// it, of a length that varies up to max.
-func payload(i, max int) []byte {
-	n := 8 + (i*7919)%(max-7)
-	b := make([]byte, n)
-	binary.BigEndian.PutUint64(b, uint64(i))
-	for j := 8; j < n; j++ {
-		b[j] = byte(i + j)
-	}
-	return b
 }

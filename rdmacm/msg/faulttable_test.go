@@ -3,6 +3,7 @@
 package msg
 
 import (
+	"encoding/binary"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -125,11 +126,14 @@ func leaksSince(s leakSnapshot) string {
 	return strings.Join(left, ", ")
 }
 
-// firstLine keeps an error's first line for the table.
-func firstLine(err error) string {
-	if err == nil {
-		return "none"
+// payload is message i of a stream: its number, then bytes that depend on
+// it, of a length that varies up to max.
+func payload(i, max int) []byte {
+	n := 8 + (i*7919)%(max-7)
+	b := make([]byte, n)
+	binary.BigEndian.PutUint64(b, uint64(i))
+	for j := 8; j < n; j++ {
+		b[j] = byte(i + j)
 	}
-	s, _, _ := strings.Cut(err.Error(), "\n")
-	return s
+	return b
 }

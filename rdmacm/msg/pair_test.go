@@ -229,11 +229,3 @@ func between(s, from, to string) string {
 	before, _, _ := strings.Cut(after, to)
 	return before
 }
-
-func lastLines(s string, n int) string {
-	lines := strings.Split(strings.TrimSpace(s), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, " / ")
-}

@@ -386,3 +386,12 @@ func openPair(t *testing.T, d device, cfg *Config) (client, server *Conn) {
 	t.Cleanup(func() { client.Close(); server.Close() })
 	return client, server
 }
+
+// firstLine keeps an error's first line for the table.
+func firstLine(err error) string {
+	if err == nil {
+		return "none"
+	}
+	s, _, _ := strings.Cut(err.Error(), "\n")
+	return s
+}

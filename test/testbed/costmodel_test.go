@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -58,23 +59,18 @@ func TestCostModelTimingRepeats(t *testing.T) {
 	quiet := measure()
 	// The same again with every host CPU busy: the guest's clock counts its
 	// own instructions, so the host's load must not show.
-	stop := make(chan struct{})
+	var stop atomic.Bool
 	var wg sync.WaitGroup
 	for range runtime.NumCPU() {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
+			for !stop.Load() {
 			}
 		}()
 	}
 	loaded := measure()
-	close(stop)
+	stop.Store(true)
 	wg.Wait()
 
 	all := append(slices.Clone(quiet), loaded...)
