@@ -158,7 +158,8 @@ func Init() error {
 // the QPs of its connections are created on, so that a PD allocated on it
 // can be ConnConfig.PD. The first call has librdmacm open every device on the
 // host (a descriptor or two each), which it keeps for the life of the
-// process; Close on the Device does nothing.
+// process, or, once a device was removed, until ReleaseRemovedDevices;
+// Close on the Device does nothing.
 func OpenDevice(name string) (*verbs.Device, error) {
 	if err := Init(); err != nil {
 		return nil, err
@@ -382,9 +383,6 @@ func (c *ID) deliver(ev *Event) {
 	ev.id = c
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if ev.Type == EventDeviceRemoval {
-		c.deviceGone = true
-	}
 	select {
 	case <-c.closed:
 		ev.dropLater()
@@ -470,7 +468,6 @@ func (c *ID) destroy() error {
 	close(c.closed)
 	queued := c.queue
 	c.queue = nil
-	deviceGone := c.deviceGone
 	c.mu.Unlock()
 	c.life.Lock() // the calls in progress end first
 	c.qpMu.Lock()
@@ -489,11 +486,25 @@ func (c *ID) destroy() error {
 	for _, ev := range queued {
 		ev.dropped()
 	}
-	if deviceGone {
-		// The last id on a removed device lets librdmacm close it, so
-		// that the kernel can finish deleting it and the device can be
-		// added again while this process runs.
-		cma.ReleaseDeadDevices()
-	}
 	return err
+}
+
+// ReleaseRemovedDevices has librdmacm close its context of every RDMA
+// device that was removed (DEVICE_REMOVAL) and that no id uses any more.
+// Until then the kernel's deletion of the device waits for this process,
+// and a device of the same kind cannot be added on that netdev again ("File
+// exists"). Call it once every Conn, Listener and ID on the removed device
+// is closed, and every PD, CQ and MR made on it, and no *verbs.Device of it
+// (from OpenDevice or a connection's Device) is used again: librdmacm counts
+// only its ids, and closing a removed device's context under objects still
+// made on it would free memory they use. It does nothing for devices
+// still present.
+func ReleaseRemovedDevices() error {
+	if err := Init(); err != nil {
+		return err
+	}
+	cma.ReleaseDeadDevices()
+	// A device added again under the same name may differ.
+	deviceAttrs.Clear()
+	return nil
 }

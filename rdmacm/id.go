@@ -47,9 +47,6 @@ type ID struct {
 	// toldFailure: the handler has had eventChannelFailed (once each).
 	toldFailure bool
 	closed      chan struct{} // closed by destroy
-	// deviceGone: a DEVICE_REMOVAL reached the id, so destroying it may
-	// leave librdmacm holding a dead device (see cma.ReleaseDeadDevices).
-	deviceGone bool
 
 	// life is held for reading by every call into the C id and for
 	// writing by destroy, so that Close never frees the id under a call

@@ -574,7 +574,10 @@ type Message struct {
 
 // Bytes is the message. It is valid until Release, also after the
 // connection's Close, which keeps the buffers of the messages not yet
-// released (see Conn.Close). After Release, Bytes is nil.
+// released (see Conn.Close). After Release, Bytes is nil. After Close the
+// bytes live outside Go's heap for as long as the Message is reachable:
+// a Message dropped without Release is freed by the garbage collector,
+// buffers and all, so keep the *Message (not only its Bytes) until done.
 func (m *Message) Bytes() []byte { return m.b }
 
 // Release gives the message's buffer back: it is posted again and the peer
@@ -1009,7 +1012,10 @@ func (c *Conn) dropped() {
 	last := c.lastLocked()
 	c.mu.Unlock()
 	if last {
-		c.free()
+		// Cleanups run one after another: the teardown (a disconnect,
+		// destroying a QP, which can wait seconds on iWARP) must not
+		// hold up the process's others.
+		go c.free()
 	}
 }
 

@@ -185,12 +185,17 @@ func (l *Listener) Close() error {
 	l.cancel()
 	err := l.l.Close()
 	l.wg.Wait()
+	// In parallel: each Close may wait its CloseTimeout for a peer that
+	// never finished its handshake.
+	var closing sync.WaitGroup
+	defer closing.Wait()
 	for {
 		select {
 		case r := <-l.results:
 			<-l.pending
 			if r.c != nil {
-				r.c.Close()
+				closing.Add(1)
+				go func() { defer closing.Done(); r.c.Close() }()
 			}
 		default:
 			return err

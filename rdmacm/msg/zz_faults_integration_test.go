@@ -302,7 +302,9 @@ func ownDeviceRows(t *testing.T, kind string, bound time.Duration) []faultRow {
 	client.Close()
 	server.Close()
 	row.leaked = leaksSince(snap)
-	// Once nothing uses it, the kernel finishes deleting the device.
+	// Once nothing uses it, librdmacm closes it when told to, and the
+	// kernel finishes deleting it.
+	require.NoError(t, rdmacm.ReleaseRemovedDevices())
 	gone := false
 	for start := time.Now(); time.Since(start) < 10*time.Second && !gone; time.Sleep(200 * time.Millisecond) {
 		out, _ := exec.Command("rdma", "link", "show").CombinedOutput()
