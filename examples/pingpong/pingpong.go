@@ -420,9 +420,14 @@ func dialAndMeasure(ctx context.Context, c config, addr string) (*results, error
 	if err != nil {
 		return nil, err
 	}
-	idle, cancel := untilEnded(ctx, conn)
-	defer cancel()
-	p := poller{conn: conn, idle: idle, event: c.event}
+	p := poller{conn: conn, event: c.event}
+	if c.event {
+		// Only in event mode: busy-polling, the client never sleeps, as
+		// perftest's does not.
+		idle, cancel := untilEnded(ctx, conn)
+		defer cancel()
+		p.idle = idle
+	}
 	// The hello: on iWARP the dialing side must send first (see echo).
 	if err := p.send(ctx, send, 0, 1); err != nil {
 		return nil, fmt.Errorf("saying hello: %w", err)
