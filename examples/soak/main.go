@@ -97,6 +97,9 @@ func parse(args []string, out io.Writer) (config, error) {
 }
 
 func (c config) msgConfig() msg.Config {
+	if c.keepAlive <= 0 {
+		return msg.Config{} // no probes
+	}
 	return msg.Config{KeepAlive: c.keepAlive, KeepAliveTimeout: c.keepAliveTimeout}
 }
 
