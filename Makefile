@@ -105,7 +105,7 @@ testbed: prepare
 	go test -p 1 -count=1 -v -tags testbed -run . $(TESTBED_PKGS)
 
 # The examples, built for the guest (which sees this directory).
-EXAMPLES := cmtime pingpong rping udaddy devices rdmapath streambench
+EXAMPLES := cmtime pingpong rping udaddy devices rdmapath streambench soak
 examples: deps
 	@for e in $(EXAMPLES); do go build -o bin/$$e ./examples/$$e; done
 	cd $(APPS) && go build -o $(CURDIR)/bin/ ./grpcping ./httpecho
@@ -129,6 +129,7 @@ bench: prepare examples
 	@# targets are judged on), then the 2-vCPU wall clock, for information.
 	$(RDMAVM) exec -cost-model $(CURDIR)/bin/bench -cost-model -bin $(CURDIR)/bin -out $(CURDIR)/bench/results.md
 	$(RDMAVM) exec $(CURDIR)/bin/bench -append -bin $(CURDIR)/bin -out $(CURDIR)/bench/results.md
+	$(RDMAVM) exec $(CURDIR)/bin/soak -duration 3m -out $(CURDIR)/bench/soak.md
 	@# A profile is named after its tool: cmtime-rxe0.prof belongs to bin/cmtime.
 	for f in bench/profiles/*.prof; do n=$$(basename $$f .prof); \
 		go tool pprof -top -nodecount=30 bin/$${n%%-*} $$f > bench/profiles/$$n.txt || exit 1; done
