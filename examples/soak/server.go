@@ -129,7 +129,7 @@ func serve(ctx context.Context, cfg config, out io.Writer) error {
 		for {
 			c, err := ml.Accept(ctx)
 			if err != nil {
-				if ctx.Err() == nil {
+				if ctx.Err() == nil && !errors.Is(err, net.ErrClosed) {
 					fmt.Fprintf(os.Stderr, "soak server: msg accept: %v\n", err)
 					continue
 				}
