@@ -274,7 +274,7 @@ func soak(ctx context.Context, c config) (*report, error) {
 	if _, err := rdmacm.OpenDevice(devs[0].name); err != nil {
 		return nil, err
 	}
-	snap, err := takeSnapshot()
+	snap, err := testbed.TakeSnapshot()
 	if err != nil {
 		return nil, err
 	}
@@ -346,7 +346,7 @@ func soak(ctx context.Context, c config) (*report, error) {
 			}
 		}
 	}
-	r.Leaks = leaksSince(snap, 10*time.Second)
+	r.Leaks = testbed.LeaksSince(snap, 10*time.Second)
 	for _, d := range devs {
 		r.Devices = append(r.Devices, d.st.snapshot())
 	}

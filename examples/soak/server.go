@@ -15,6 +15,7 @@ import (
 	"github.com/rdmago/rdmago/rdmacm"
 	"github.com/rdmago/rdmago/rdmacm/msg"
 	"github.com/rdmago/rdmago/rdmacm/stream"
+	"github.com/rdmago/rdmago/test/testbed"
 )
 
 // The message protocol between workers and servers. Every client message
@@ -87,7 +88,7 @@ func serve(ctx context.Context, cfg config, out io.Writer) error {
 	if _, err := rdmacm.OpenDevice(cfg.device); err != nil {
 		return err
 	}
-	snap, err := takeSnapshot()
+	snap, err := testbed.TakeSnapshot()
 	if err != nil {
 		return err
 	}
@@ -184,7 +185,7 @@ func serve(ctx context.Context, cfg config, out io.Writer) error {
 	}
 	mu.Unlock()
 	wg.Wait()
-	if leaks := leaksSince(snap, 5e9); len(leaks) > 0 {
+	if leaks := testbed.LeaksSince(snap, 5*time.Second); len(leaks) > 0 {
 		fmt.Fprintf(out, "leaks: %s\n", strings.Join(leaks, "; "))
 	} else {
 		fmt.Fprintln(out, "leaks: none")

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/rdmago/rdmago/rdmacm"
+	"github.com/rdmago/rdmago/test/testbed"
 )
 
 // faultPeerEnv makes the test binary one end of a two-guest fault row,
@@ -32,7 +33,7 @@ func faultPeer(spec string) int {
 		fmt.Println(role, "error:", err)
 		return 1
 	}
-	snap, err := takeLeakSnapshot()
+	snap, err := testbed.TakeSnapshot()
 	if err != nil {
 		fmt.Println(role, "error:", err)
 		return 1

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -79,51 +78,13 @@ func (ft *faultTable) write(t *testing.T, name, title, intro string) {
 	}
 }
 
-// leakSnapshot is what a process holds: RDMA objects, descriptors,
-// goroutines.
-type leakSnapshot struct {
-	objects    map[string]int
-	fds        int
-	goroutines int
-}
-
-func takeLeakSnapshot() (leakSnapshot, error) {
-	objects, err := testbed.Objects()
-	if err != nil {
-		return leakSnapshot{}, err
+// leaksSince says what this process holds beyond s ("none"), after giving
+// closed connections' goroutines up to 5 s to exit.
+func leaksSince(s testbed.Snapshot) string {
+	if leaks := testbed.LeaksSince(s, 5*time.Second); leaks != nil {
+		return strings.Join(leaks, ", ")
 	}
-	fds, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		return leakSnapshot{}, err
-	}
-	return leakSnapshot{objects: objects, fds: len(fds), goroutines: len(testbed.Goroutines())}, nil
-}
-
-// leaksSince says what is held now beyond s ("none"), after giving closed
-// connections' goroutines up to 5 s to exit.
-func leaksSince(s leakSnapshot) string {
-	deadline := time.Now().Add(5 * time.Second)
-	for len(testbed.Goroutines()) > s.goroutines && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond)
-	}
-	now, err := takeLeakSnapshot()
-	if err != nil {
-		return "unknown: " + err.Error()
-	}
-	var left []string
-	if !reflect.DeepEqual(now.objects, s.objects) {
-		left = append(left, fmt.Sprintf("RDMA objects %v (before: %v)", now.objects, s.objects))
-	}
-	if now.fds > s.fds {
-		left = append(left, fmt.Sprintf("%d descriptors", now.fds-s.fds))
-	}
-	if now.goroutines > s.goroutines {
-		left = append(left, fmt.Sprintf("%d goroutines", now.goroutines-s.goroutines))
-	}
-	if len(left) == 0 {
-		return "none"
-	}
-	return strings.Join(left, ", ")
+	return "none"
 }
 
 // payload is message i of a stream: its number, then bytes that depend on

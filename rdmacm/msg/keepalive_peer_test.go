@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rdmago/rdmago/rdmacm"
+	"github.com/rdmago/rdmago/test/testbed"
 )
 
 // keepalivePeerEnv makes the test binary one end of a keepalive test, in
@@ -40,7 +41,7 @@ func keepalivePeer(spec string) int {
 	// librdmacm opens every device on first use and keeps them: before the
 	// leak snapshot.
 	rdmacm.OpenDevice("rxe0")
-	snap, err := takeLeakSnapshot()
+	snap, err := testbed.TakeSnapshot()
 	if err != nil {
 		fmt.Println(role, "error:", err)
 		return 1

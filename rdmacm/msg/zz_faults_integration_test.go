@@ -22,6 +22,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rdmago/rdmago/rdmacm"
+	"github.com/rdmago/rdmago/test/testbed"
 )
 
 // TestFaultMatrix puts the faults one guest can stage to message
@@ -73,7 +74,7 @@ func TestFaultMatrix(t *testing.T) {
 func peerKilledRow(t *testing.T, d device, transport string, bound time.Duration) faultRow {
 	row := faultRow{fault: "peer process killed (SIGKILL)", transport: transport, bound: bound}
 	ctx := ctxFor(t, 90*time.Second)
-	snap, err := takeLeakSnapshot()
+	snap, err := testbed.TakeSnapshot()
 	require.NoError(t, err)
 	cfg := keepaliveTestConfig
 	l, addr := listen(t, d, &cfg)
@@ -142,7 +143,7 @@ func listenerClosedRow(t *testing.T, d device, transport string) faultRow {
 	const dials = 4
 	const dialTimeout = 10 * time.Second
 	row := faultRow{fault: fmt.Sprintf("listener closed with %d requests pending", dials), transport: transport, bound: dialTimeout}
-	snap, err := takeLeakSnapshot()
+	snap, err := testbed.TakeSnapshot()
 	require.NoError(t, err)
 	addr := d.at(port())
 	l, err := Listen(ctxFor(t, 5*time.Second), nil, addr, nil)
@@ -233,7 +234,7 @@ func ownDeviceRows(t *testing.T, kind string, bound time.Duration) []faultRow {
 
 	// The address goes away under a live connection.
 	row := faultRow{fault: "address removed from the netdev", transport: transport, bound: bound}
-	snap, err := takeLeakSnapshot()
+	snap, err := testbed.TakeSnapshot()
 	require.NoError(t, err)
 	cfg := keepaliveTestConfig
 	client, server := openPair(t, d, &cfg)
@@ -270,7 +271,7 @@ func ownDeviceRows(t *testing.T, kind string, bound time.Duration) []faultRow {
 
 	// The device is deleted under a live connection.
 	row = faultRow{fault: "device deleted under a live connection", transport: transport, bound: bound}
-	snap, err = takeLeakSnapshot()
+	snap, err = testbed.TakeSnapshot()
 	require.NoError(t, err)
 	client, server = openPair(t, d, &cfg)
 	sent = sendNumbered(t, ctx, client, 5)
@@ -333,7 +334,7 @@ func ownDeviceRows(t *testing.T, kind string, bound time.Duration) []faultRow {
 	time.Sleep(500 * time.Millisecond)
 	_, err = rdmacm.OpenDevice(again)
 	require.NoError(t, err)
-	snap, err = takeLeakSnapshot()
+	snap, err = testbed.TakeSnapshot()
 	require.NoError(t, err)
 	client, server = openPair(t, device{name: again, addr: ip, iwarp: kind == "siw"}, nil)
 	sent = sendNumbered(t, ctx, client, 5)

@@ -80,3 +80,55 @@ func OpenFDs(tb testing.TB) int {
 	}
 	return len(ents)
 }
+
+// Snapshot is what a process holds at one moment, inside a guest: its RDMA
+// objects (as Objects counts them), open descriptors and goroutines. A
+// program that is not a test finds its leaks with TakeSnapshot before and
+// LeaksSince after; tests use CheckNoLeaks.
+type Snapshot struct {
+	Objects    map[string]int
+	FDs        int
+	Goroutines int
+}
+
+// TakeSnapshot reads what this process holds now.
+func TakeSnapshot() (Snapshot, error) {
+	objects, err := Objects()
+	if err != nil {
+		return Snapshot{}, err
+	}
+	fds, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return Snapshot{}, fmt.Errorf("testbed: %w", err)
+	}
+	return Snapshot{Objects: objects, FDs: len(fds), Goroutines: len(Goroutines())}, nil
+}
+
+// LeaksSince lists what this process holds beyond s, one entry per kind,
+// after waiting up to wait for what closed connections release late (their
+// goroutines, their objects); nil when everything is back.
+func LeaksSince(s Snapshot, wait time.Duration) []string {
+	deadline := time.Now().Add(wait)
+	for {
+		var leaks []string
+		now, err := TakeSnapshot()
+		switch {
+		case err != nil:
+			leaks = append(leaks, fmt.Sprintf("unknown: %v", err))
+		default:
+			if !reflect.DeepEqual(now.Objects, s.Objects) {
+				leaks = append(leaks, fmt.Sprintf("RDMA objects %v (before: %v)", now.Objects, s.Objects))
+			}
+			if now.FDs > s.FDs {
+				leaks = append(leaks, fmt.Sprintf("%d descriptors", now.FDs-s.FDs))
+			}
+			if now.Goroutines > s.Goroutines {
+				leaks = append(leaks, fmt.Sprintf("%d goroutines", now.Goroutines-s.Goroutines))
+			}
+		}
+		if len(leaks) == 0 || time.Now().After(deadline) {
+			return leaks
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}

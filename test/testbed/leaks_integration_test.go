@@ -7,6 +7,7 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 )
 
 // leakRecorder is a testing.TB whose cleanups and errors the test runs
@@ -54,5 +55,36 @@ func TestCheckNoLeaksSeesLeaks(t *testing.T) {
 		if !strings.Contains(all, want) {
 			t.Errorf("the leak check missed it: want %q in %q", want, all)
 		}
+	}
+}
+
+// LeaksSince names a descriptor and a goroutine held beyond the snapshot,
+// and nothing once they are gone.
+func TestLeaksSinceSeesLeaks(t *testing.T) {
+	s, err := TakeSnapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if leaks := LeaksSince(s, 0); leaks != nil {
+		t.Fatalf("nothing was made, yet: %q", leaks)
+	}
+	f, err := os.Open("/proc/self/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() { <-stop; close(done) }()
+	all := strings.Join(LeaksSince(s, 0), "\n")
+	for _, want := range []string{"1 descriptors", "1 goroutines"} {
+		if !strings.Contains(all, want) {
+			t.Errorf("want %q in %q", want, all)
+		}
+	}
+	close(stop)
+	<-done
+	f.Close()
+	if leaks := LeaksSince(s, 5*time.Second); leaks != nil {
+		t.Errorf("everything was released, yet: %q", leaks)
 	}
 }
