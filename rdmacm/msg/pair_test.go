@@ -48,12 +48,16 @@ func TestTwoGuestsFaultMatrix(t *testing.T) {
 	t.Cleanup(func() { a.Close(); b.Close() })
 	self, err := os.Executable()
 	require.NoError(t, err)
-	start := func(g *testbed.Guest, env, spec string) (*testbed.Cmd, *lockedOutput) {
+	startE := func(g *testbed.Guest, env, spec string) (*testbed.Cmd, *lockedOutput, error) {
 		c := g.Command(ctx, self, "-test.run=^$")
 		c.Env = append(os.Environ(), env+"="+spec)
 		out := &lockedOutput{}
 		c.Stdout, c.Stderr = out, out
-		require.NoError(t, c.Start())
+		return c, out, c.Start()
+	}
+	start := func(g *testbed.Guest, env, spec string) (*testbed.Cmd, *lockedOutput) {
+		c, out, err := startE(g, env, spec)
+		require.NoError(t, err)
 		return c, out
 	}
 	devs := []string{"rxe0", "siw0"}
@@ -70,28 +74,74 @@ func TestTwoGuestsFaultMatrix(t *testing.T) {
 		src, sink       *testbed.Cmd
 		srcOut, sinkOut *lockedOutput
 	}
-	streams := map[string]streamEnds{}
-	for i, dev := range devs {
-		addr := addrOf(dev, 7900+i)
-		sink, sinkOut := start(a, faultPeerEnv, "sink:"+addr)
-		require.NoError(t, a.WaitListening(ctx, netip.MustParseAddrPort(addr)))
-		src, srcOut := start(b, faultPeerEnv, "source:"+addr+"/4s")
-		waitFor(t, srcOut, "source connected", time.Minute)
-		streams[dev] = streamEnds{src, sink, srcOut, sinkOut}
+	type waited struct{ src, sink error }
+	// flapOnce starts a stream on each link, flaps both, and waits for
+	// the streams to end. It fails only where the test bed does.
+	flapOnce := func() (map[string]streamEnds, map[string]waited, error) {
+		streams := map[string]streamEnds{}
+		for i, dev := range devs {
+			addr := addrOf(dev, 7900+i)
+			sink, sinkOut, err := startE(a, faultPeerEnv, "sink:"+addr)
+			if err == nil {
+				err = a.WaitListening(ctx, netip.MustParseAddrPort(addr))
+			}
+			if err != nil {
+				return nil, nil, err
+			}
+			src, srcOut, err := startE(b, faultPeerEnv, "source:"+addr+"/4s")
+			if err != nil {
+				return nil, nil, err
+			}
+			for start := time.Now(); !strings.Contains(srcOut.String(), "source connected"); time.Sleep(20 * time.Millisecond) {
+				if time.Since(start) > time.Minute {
+					return nil, nil, fmt.Errorf("%s: the source did not connect within a minute:\n%s", dev, srcOut)
+				}
+			}
+			streams[dev] = streamEnds{src, sink, srcOut, sinkOut}
+		}
+		time.Sleep(time.Second)
+		for _, up := range []bool{false, true} {
+			for _, dev := range devs {
+				if err := a.SetLink(ctx, netdev(dev), up); err != nil {
+					return nil, nil, err
+				}
+			}
+			if !up {
+				time.Sleep(flap)
+			}
+		}
+		ends := map[string]waited{}
+		for _, dev := range devs {
+			w := waited{streams[dev].src.Wait(), streams[dev].sink.Wait()}
+			for _, err := range []error{w.src, w.sink} {
+				if rxePanicked(err) {
+					return nil, nil, err
+				}
+			}
+			ends[dev] = w
+		}
+		return streams, ends, nil
 	}
-	time.Sleep(time.Second)
-	for _, dev := range devs {
-		require.NoError(t, a.SetLink(ctx, netdev(dev), false))
+	streams, ends, err := flapOnce()
+	if rxePanicked(err) {
+		// Debian's 6.1 rxe has crashed the guest's kernel once in several
+		// runs (a NULL dereference in __rxe_put, in interrupt context, as
+		// the link came back up): a kernel bug, not what this test
+		// measures. One more try on a fresh pair; a second crash fails.
+		t.Logf("rxe crashed guest a's kernel during the flap; trying once more on a fresh pair:\n%v", err)
+		a.Kill()
+		b.Close()
+		a, b, err = testbed.BootPair(ctx, testbed.Options{})
+		require.NoError(t, err)
+		t.Cleanup(func() { a.Close(); b.Close() })
+		streams, ends, err = flapOnce()
 	}
-	time.Sleep(flap)
-	for _, dev := range devs {
-		require.NoError(t, a.SetLink(ctx, netdev(dev), true))
-	}
+	require.NoError(t, err)
 	for _, dev := range devs {
 		e := streams[dev]
-		srcErr, sinkErr := e.src.Wait(), e.sink.Wait()
+		srcErr, sinkErr := ends[dev].src, ends[dev].sink
 		row := faultRow{fault: fmt.Sprintf("link flap (%v down) under a stream", flap), transport: transport[dev],
-			bound: keepaliveBound, leaked: peerLeaks(e.srcOut, e.sinkOut)}
+			bound: 2*flapConfig.KeepAlive + flapConfig.KeepAliveTimeout + 2*time.Second, leaked: peerLeaks(e.srcOut, e.sinkOut)}
 		sent, got := count(e.srcOut, `sent (\d+)`), count(e.sinkOut, `received (\d+) in order`)
 		survived := srcErr == nil && sinkErr == nil
 		if survived {
@@ -187,9 +237,15 @@ func TestTwoGuestsFaultMatrix(t *testing.T) {
 	table.write(t, "faults-two-guests.md", "Faults across two guests (TestTwoGuestsFaultMatrix)",
 		fmt.Sprintf("Message connections (rdmacm/msg) from guest b to guest a, rxe on one link and siw on the other, with "+
 			"KeepAlive %v and KeepAliveTimeout %v (bound: 2 × KeepAlive + KeepAliveTimeout and 2 s of slack for the emulated "+
-			"CPU). Faults are made on a's side; b's processes report what they saw and what they left behind (cm_ids, "+
+			"CPU); under the flap, KeepAlive 2 s, longer than the flap, as a real keepalive period is. Faults are made on a's side; b's processes report what they saw and what they left behind (cm_ids, "+
 			"QPs, CQs, MRs, PDs, fds, goroutines after Close). \"Lost\" is messages whose Send returned nil and that never "+
 			"reached the peer's Recv.", keepaliveTestConfig.KeepAlive, keepaliveTestConfig.KeepAliveTimeout))
+}
+
+// rxePanicked reports whether err is a guest lost to a kernel panic in
+// rdma_rxe (a function of the module in the trace, not just the module list).
+func rxePanicked(err error) bool {
+	return err != nil && strings.Contains(err.Error(), "Kernel panic") && strings.Contains(err.Error(), "[rdma_rxe]")
 }
 
 // count reads the first number pattern captures in out (0 if none).
