@@ -35,6 +35,7 @@ type bench struct {
 	// (perftest -e, our tools sleeping in Go's poller): two busy-polling
 	// ends on one vCPU would measure the scheduler's tick.
 	costModel bool
+	only      string // comma-separated section keys to measure (-only); empty: all
 	// clientWrap, while counting, goes before every client command.
 	clientWrap []string
 }
@@ -94,21 +95,36 @@ func (b *bench) run(ctx context.Context) (string, error) {
 		devs[name] = d.IPv4
 	}
 	type section struct {
-		name string
-		f    func(context.Context, map[string]string) error
+		key, name string
+		f         func(context.Context, map[string]string) error
 	}
 	sections := []section{
-		{"connection setup", b.setup},
-		{"many connections", b.many},
-		{"latency", b.latency},
-		{"bandwidth", b.bandwidth},
-		{"messages and streams", b.streams},
+		{"setup", "connection setup", b.setup},
+		{"many", "many connections", b.many},
+		{"latency", "latency", b.latency},
+		{"bandwidth", "bandwidth", b.bandwidth},
+		{"streams", "messages and streams", b.streams},
 	}
 	if b.costModel {
 		// Instruction counts per hot-path operation mean something only here.
-		sections = append(sections, section{"Go benchmarks", b.goBench})
+		sections = append(sections, section{"gobench", "Go benchmarks", b.goBench})
 	}
-	sections = append(sections, section{"profiles", b.listProfiles})
+	if b.only != "" {
+		var kept []section
+		for _, key := range strings.Split(b.only, ",") {
+			n := len(kept)
+			for _, s := range sections {
+				if s.key == strings.TrimSpace(key) {
+					kept = append(kept, s)
+				}
+			}
+			if len(kept) == n {
+				return "", fmt.Errorf("-only %q: no section %q here (setup, many, latency, bandwidth, streams; gobench in the cost model)", b.only, key)
+			}
+		}
+		sections = kept
+	}
+	sections = append(sections, section{"profiles", "profiles", b.listProfiles})
 	for _, s := range sections {
 		fmt.Fprintf(os.Stderr, "bench: %s\n", s.name)
 		if err := s.f(ctx, devs); err != nil {

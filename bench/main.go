@@ -25,8 +25,9 @@ func main() {
 	rounds := flag.Int("rounds", 5, "rounds per measurement (the median is reported)")
 	costModel := flag.Bool("cost-model", false, "this guest is a cost-model one (rdmavm exec -cost-model): measure in event mode")
 	appendTo := flag.Bool("append", false, "append the report to -out instead of replacing it")
+	only := flag.String("only", "", "measure only these sections, comma-separated (setup, many, latency, bandwidth, streams, gobench); for A/B runs while closing a gap")
 	flag.Parse()
-	if err := benchmark(*bin, *out, *rounds, *costModel, *appendTo); err != nil {
+	if err := benchmark(*bin, *out, *rounds, *costModel, *appendTo, *only); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
@@ -34,7 +35,7 @@ func main() {
 
 // benchmark measures, writes the report to out and prints it. The copies of the
 // Go tools go away on every path.
-func benchmark(bin, out string, rounds int, costModel, appendTo bool) error {
+func benchmark(bin, out string, rounds int, costModel, appendTo bool, only string) error {
 	// A thousand connections hold two descriptors each (their CQ
 	// channels) on either side; the guest runs us as root, so the hard
 	// limit can be raised too.
@@ -60,7 +61,7 @@ func benchmark(bin, out string, rounds int, costModel, appendTo bool) error {
 		return err
 	}
 	defer os.RemoveAll(local)
-	b := &bench{bin: local, rounds: rounds, profiles: filepath.Join(filepath.Dir(out), "profiles"), costModel: costModel}
+	b := &bench{bin: local, rounds: rounds, profiles: filepath.Join(filepath.Dir(out), "profiles"), costModel: costModel, only: only}
 	if err := os.MkdirAll(b.profiles, 0o755); err != nil {
 		return err
 	}
