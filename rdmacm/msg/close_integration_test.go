@@ -164,12 +164,13 @@ func TestFailureDeliversWhatArrived(t *testing.T) {
 		m.Release()
 		time.Sleep(100 * time.Millisecond) // the server's goroutine waits for receives
 
-		// The server's goroutine takes the first message and then waits for
-		// the lock; the others complete meanwhile, and its housekeeping
-		// fails right after the first.
+		// Woken for its housekeeping, the server's goroutine waits for the
+		// lock; the messages complete meanwhile, and its housekeeping then
+		// fails, before Recv has taken any of them.
 		injected := &kindError{ErrTransport, errors.New("injected: the device refused a post")}
 		server.mu.Lock()
 		server.fault = injected
+		server.wakeLocked()
 		const n = 4
 		for i := range n {
 			require.NoError(t, client.Send(ctx, payload(i, 1000)))

@@ -172,6 +172,7 @@ type Conn struct {
 	// changedTaken: a waiter holds changed; a broadcast with none replaces nothing.
 	changedTaken bool
 	queue        []*Message
+	queueBuf     []*Message // queue's array, taken again whenever it empties
 	freeSend     []int
 	freeCtl      []int
 	released     []int // receive buffers given back, to post again
@@ -201,12 +202,21 @@ type Conn struct {
 	freed    bool
 	freedCh  chan struct{} // closed once they are released
 	failed   error         // the peer broke the protocol or a transfer failed
-	// drained: the connection's goroutine has queued the messages that
-	// arrived before the failure (or is gone); Recv reports failed after
-	// them.
-	drained bool
-	wake    context.CancelFunc
-	wakeReq bool
+	// rxDone: no more receive completions are taken: the connection
+	// failed or ended, and those that arrived before are queued. Recv
+	// reports why once the queue is empty. flushPending: receives were
+	// flushed for a reason not known yet; the goroutine finds it
+	// (flushedByEnd) and clears it.
+	rxDone       bool
+	flushPending bool
+	// recvSeen: Recv (or a Send waiting for credit) has taken receive
+	// completions itself; from then on the connection's goroutine leaves
+	// the receive CQ to them. loopOnCQ: the goroutine is waiting on the
+	// receive CQ, holding rcqMu; wake makes it let go.
+	recvSeen bool
+	loopOnCQ bool
+	wake     context.CancelFunc
+	wakeReq  bool
 	// fault, set by tests only, makes housekeep fail with it: the
 	// failures it stands for (a post the device refuses) cannot be had
 	// on demand.
@@ -216,6 +226,22 @@ type Conn struct {
 
 	// scqMu is held by whoever polls the send CQ: one at a time.
 	scqMu sync.Mutex
+	// rcqMu is held by whoever polls the receive CQ, and across the
+	// handling of what it took (under mu), so that frames are handled in
+	// the order they arrived. rxWait is its holder's wait context, kept
+	// for the next wait with the same one; rxWCs its completions.
+	rcqMu  sync.Mutex
+	rcq    *verbs.CQ
+	rxWait mergedWait
+	rxWCs  [16]verbs.WorkCompletion
+	// rxEnd ends with loopCtx, or when the connection ends (the goroutine
+	// sees rc.Done): the waits on the receive CQ end with it.
+	rxEnd       context.Context
+	rxEndCancel context.CancelFunc
+	// closingCtx ends when Close begins (and with rxEnd): a Send waiting
+	// for credit on the receive CQ wakes to fail with ErrClosed.
+	closingCtx    context.Context
+	closingCancel context.CancelFunc
 
 	loopCtx   context.Context
 	loopStop  context.CancelFunc
@@ -238,6 +264,9 @@ func newConn(rc *rdmacm.Conn, o *Config, local, peer hello, pool *verbs.MR, acce
 	}
 	c.repost, c.repostSGEs = make([]verbs.RecvWR, c.nRecv), make([]verbs.SGE, c.nRecv)
 	c.msgs = make([]*Message, c.nRecv)
+	c.queueBuf = make([]*Message, 0, c.nRecv)
+	c.queue = c.queueBuf
+	c.rcq = rc.RecvCQ()
 	mr, err := rc.RegisterMemory((c.nSend+replySlots)*c.sendSize, 0)
 	if err != nil {
 		return nil, fmt.Errorf("register %d send buffers of %d bytes: %w", c.nSend+replySlots, c.sendSize, err)
@@ -250,6 +279,8 @@ func newConn(rc *rdmacm.Conn, o *Config, local, peer hello, pool *verbs.MR, acce
 		c.freeCtl = append(c.freeCtl, i)
 	}
 	c.loopCtx, c.loopStop = context.WithCancel(context.Background())
+	c.rxEnd, c.rxEndCancel = context.WithCancel(c.loopCtx)
+	c.closingCtx, c.closingCancel = context.WithCancel(c.rxEnd)
 	go c.loop()
 	c.startKeepalive(o)
 	return c, nil
@@ -406,6 +437,20 @@ func (c *Conn) sendFrame(ctx context.Context, op string, t frameType, p []byte, 
 				return c.opError(op, err)
 			}
 			return nil
+		}
+		if !c.peerReady || !c.led.canSend(t) {
+			// Credit (or the dialer's HELLO) comes in a frame: take the
+			// receive completions until it does.
+			end := c.closingCtx
+			if byClose {
+				end = c.rxEnd
+			}
+			err := c.receiveLocked(ctx, end)
+			c.mu.Unlock()
+			if err != nil {
+				return c.opError(op, err)
+			}
+			continue
 		}
 		ch := c.changedLocked()
 		c.mu.Unlock()
@@ -655,12 +700,16 @@ func (c *Conn) wakeLocked() {
 // io.EOF; on a connection that ended otherwise it fails with the reason
 // (rdmacm.ErrEnded, ErrProtocol, ErrTransport, ErrClosed), once the
 // messages that arrived before the end are taken.
+//
+// A Recv with nothing queued takes the receive completions itself, and
+// waits for them on Go's runtime poller: no other goroutine hands them
+// over.
 func (c *Conn) Recv(ctx context.Context) (*Message, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, c.opError("receive", err)
 	}
+	c.mu.Lock()
 	for {
-		c.mu.Lock()
 		switch {
 		case c.closed:
 			c.mu.Unlock()
@@ -669,53 +718,182 @@ func (c *Conn) Recv(ctx context.Context) (*Message, error) {
 			m := c.queue[0]
 			c.queue[0] = nil
 			c.queue = c.queue[1:]
+			if len(c.queue) == 0 {
+				c.queue = c.queueBuf[:0]
+			}
 			c.mu.Unlock()
 			return m, nil
-		case c.failed != nil && c.drained:
+		case c.failed != nil && c.rxDone:
 			err := c.failed
 			c.mu.Unlock()
 			return nil, c.opError("receive", err)
 		case c.failed != nil:
-			// The goroutine is taking what arrived before the failure.
+			// Take what arrived before the failure first.
 		case c.peerFin:
 			c.mu.Unlock()
 			return nil, io.EOF
-		}
-		ch := c.changedLocked()
-		c.mu.Unlock()
-		select {
-		case <-ch:
-		case <-c.loopDone:
-			// The goroutine has taken every completion there was.
-			c.mu.Lock()
-			empty := len(c.queue) == 0 && c.failed == nil && !c.peerFin && !c.closed
-			c.mu.Unlock()
-			if empty {
-				err := c.rc.Err()
-				if err == nil {
-					err = ErrClosed
-				}
-				return nil, c.opError("receive", err)
+		case c.rxDone && !c.flushPending:
+			err := c.rc.Err()
+			if err == nil {
+				err = ErrClosed
 			}
-		case <-ctx.Done():
-			return nil, c.opError("receive", ctx.Err())
+			c.mu.Unlock()
+			return nil, c.opError("receive", err)
+		}
+		if err := c.receiveLocked(ctx, c.rxEnd); err != nil {
+			c.mu.Unlock()
+			return nil, c.opError("receive", err)
 		}
 	}
 }
 
-// loop is the connection's goroutine: it takes receive completions in
-// order, checks them and queues the messages, and sends CREDIT frames.
+// receiveLocked takes the receive completions there are and handles them,
+// waiting for one (on the completion channel, in Go's poller) when there
+// are none, until ctx or end ends; or, when another goroutine is taking
+// them, waits for it to be done. After a failure it only takes what is
+// there, without waiting, and sets rxDone when nothing is. It is called
+// and returns with mu held; its error is ctx's.
+func (c *Conn) receiveLocked(ctx, end context.Context) error {
+	c.recvSeen = true
+	if c.rxDone || !c.rcqMu.TryLock() {
+		if c.loopOnCQ {
+			c.wakeLocked() // the goroutine lets go of the receive CQ
+		}
+		ch := c.changedLocked()
+		c.mu.Unlock()
+		var err error
+		select {
+		case <-ch:
+		case <-end.Done():
+		case <-c.rc.Done():
+		case <-ctx.Done():
+			err = ctx.Err()
+		}
+		c.mu.Lock()
+		return err
+	}
+	drain := c.failed != nil
+	c.mu.Unlock()
+	wcs := c.rxWCs[:]
+	var n int
+	var err error
+	if drain {
+		n, err = c.rcq.Poll(wcs)
+	} else {
+		n, err = c.rcq.PollWait(c.rxWait.get(ctx, end), wcs)
+		if err != nil && ctx.Err() == nil && c.rc.Err() != nil {
+			// The end: the completions that came before it are still taken.
+			n, err = c.rcq.Poll(wcs)
+			drain = true
+		}
+	}
+	c.mu.Lock()
+	c.tookLocked(wcs[:n])
+	var werr error
+	switch {
+	case err == nil:
+		if n == 0 && drain {
+			c.rxDone = true
+		}
+	case ctx.Err() != nil:
+		werr = ctx.Err()
+	case end.Err() != nil, c.closed:
+	default:
+		c.failLocked(&kindError{ErrTransport, fmt.Errorf("wait for receives: %w", err)})
+		c.rxDone = true
+	}
+	c.rcqMu.Unlock()
+	c.broadcastLocked()
+	return werr
+}
+
+// tookLocked handles receive completions in the order they came. After a
+// failure, the end, or Close it takes no more.
+func (c *Conn) tookLocked(wcs []verbs.WorkCompletion) {
+	for i := range wcs {
+		if c.closed || c.rxDone {
+			return
+		}
+		if wcs[i].Status != verbs.WCSuccess {
+			c.recvFailedLocked(wcs[i])
+			return
+		}
+		if err := c.handleLocked(wcs[i]); err != nil {
+			c.failLocked(&ProtocolError{What: err.Error()})
+			c.rxDone = true
+			return
+		}
+	}
+}
+
+// recvFailedLocked takes a receive that did not succeed: no more are taken.
+func (c *Conn) recvFailedLocked(wc verbs.WorkCompletion) {
+	c.rxDone = true
+	switch wc.Status {
+	case verbs.WCLocLenErr, verbs.WCLocQPOpErr:
+		// Our buffers are registered for local writes: a receive fails
+		// only when the frame does not fit (rxe reports that as
+		// LOC_QP_OP_ERR, siw as LOC_LEN_ERR).
+		c.failLocked(&ProtocolError{What: fmt.Sprintf("a frame larger than this side's %d-byte receive buffers "+
+			"(the receive failed with %v; the hello announced %d-byte messages)", c.recvSize, wc.Status, c.max)})
+	case verbs.WCWRFlushErr:
+		if c.failed != nil || c.rc.Err() != nil {
+			return // the connection ended: Recv says so once the queue is empty
+		}
+		c.reapLocked() // a failed send flushes the receives too
+		if c.failed == nil {
+			// The end is probably on its way: the goroutine waits for it
+			// (flushedByEnd) and says.
+			c.flushPending = true
+			c.wakeLocked()
+		}
+	default:
+		c.failLocked(&kindError{ErrTransport, fmt.Errorf("a receive failed: %w", &verbs.CompletionError{WC: wc})})
+	}
+}
+
+// mergedWait is a context that ends with either of two, kept for the next
+// wait with the same pair: a Recv loop with one context sets none up per
+// wait.
+type mergedWait struct {
+	parent, end context.Context
+	ctx         context.Context
+	cancel      context.CancelFunc
+	stop        func() bool
+}
+
+func (m *mergedWait) get(parent, end context.Context) context.Context {
+	if parent.Done() == nil {
+		return end
+	}
+	if m.ctx != nil && m.parent == parent && m.end == end {
+		return m.ctx
+	}
+	m.release()
+	ctx, cancel := context.WithCancel(parent)
+	*m = mergedWait{parent: parent, end: end, ctx: ctx, cancel: cancel, stop: context.AfterFunc(end, cancel)}
+	return ctx
+}
+
+func (m *mergedWait) release() {
+	if m.ctx != nil {
+		m.stop()
+		m.cancel()
+		*m = mergedWait{}
+	}
+}
+
+// loop is the connection's goroutine. It sends the CREDIT frames that
+// must wait for a control buffer, ends the connection after a failure,
+// learns of the connection's end for the waits on the receive CQ, and,
+// until the application first receives, takes the receive completions
+// in the background.
 func (c *Conn) loop() {
 	defer close(c.loopDone)
-	defer func() {
-		c.mu.Lock()
-		c.drained = true
-		c.broadcastLocked()
-		c.mu.Unlock()
-	}()
 	var ctx context.Context
 	cancel := context.CancelFunc(func() {})
 	defer func() { cancel() }()
+	ended := false
 	for {
 		err := c.housekeep()
 		if c.loopCtx.Err() != nil {
@@ -729,14 +907,25 @@ func (c *Conn) loop() {
 		if err != nil {
 			c.failLocked(&kindError{ErrTransport, err}) // if nothing said why yet
 		}
-		failed := c.failed != nil
+		failed, flush := c.failed != nil, c.flushPending
 		c.mu.Unlock()
 		if failed {
-			// Here, or elsewhere (a send, a release, a keepalive probe):
-			// the messages that had arrived go to Recv before the error.
-			c.drainCompleted()
+			// Here, or elsewhere (a send, a release, a keepalive probe,
+			// a frame that broke the protocol): Recv takes the messages
+			// that had arrived before it reports the failure.
 			c.quit(nil)
 			return
+		}
+		if flush {
+			if !c.flushedByEnd() {
+				c.quit(&kindError{ErrTransport, fmt.Errorf("the receives were flushed: the QP is in the error state")})
+				return
+			}
+			c.mu.Lock()
+			c.flushPending = false
+			c.broadcastLocked()
+			c.mu.Unlock()
+			continue
 		}
 		c.mu.Lock()
 		if c.wakeReq {
@@ -750,74 +939,61 @@ func (c *Conn) loop() {
 			ctx, cancel = context.WithCancel(c.loopCtx)
 		}
 		c.wake = cancel
+		onCQ := !c.recvSeen && !c.rxDone && !ended && c.rcqMu.TryLock()
+		c.loopOnCQ = onCQ
 		c.mu.Unlock()
-		wc, err := c.rc.Recv(ctx)
+		if onCQ {
+			wc, err := c.rc.Recv(ctx)
+			c.mu.Lock()
+			c.wake, c.loopOnCQ = nil, false
+			switch {
+			case err == nil || wc.Status != verbs.WCSuccess:
+				one := [1]verbs.WorkCompletion{wc}
+				c.tookLocked(one[:])
+			case errors.Is(err, rdmacm.ErrEnded):
+				c.rxDone, ended = true, true
+				c.rxEndCancel()
+			case ctx.Err() != nil:
+				// Woken: for a CREDIT frame, a failure, or a Recv.
+			default:
+				c.failLocked(&kindError{ErrTransport, fmt.Errorf("wait for receives: %w", err)})
+				c.rxDone = true
+			}
+			c.rcqMu.Unlock()
+			c.broadcastLocked()
+			c.mu.Unlock()
+			continue
+		}
+		var done <-chan struct{}
+		if !ended {
+			done = c.rc.Done()
+		}
+		select {
+		case <-ctx.Done():
+		case <-done:
+			// Wake the waits on the receive CQ: the completions that came
+			// before the end are taken, then Recv reports it.
+			ended = true
+			c.rxEndCancel()
+		}
 		c.mu.Lock()
 		c.wake = nil
 		c.mu.Unlock()
-		if c.loopCtx.Err() != nil {
-			return
-		}
-		if err == nil {
-			if err := c.handle(wc); err != nil {
-				c.quit(&ProtocolError{What: err.Error()})
-				return
-			}
-			continue
-		}
-		switch {
-		case wc.Status == verbs.WCLocLenErr || wc.Status == verbs.WCLocQPOpErr:
-			// Our buffers are registered for local writes: a receive fails
-			// only when the frame does not fit (rxe reports that as
-			// LOC_QP_OP_ERR, siw as LOC_LEN_ERR).
-			c.quit(&ProtocolError{What: fmt.Sprintf("a frame larger than this side's %d-byte receive buffers "+
-				"(the receive failed with %v; the hello announced %d-byte messages)", c.recvSize, wc.Status, c.max)})
-			return
-		case wc.Status == verbs.WCWRFlushErr:
-			if c.flushedByEnd() {
-				continue // the connection ended: Recv says so once the flushed receives are taken
-			}
-			c.quit(&kindError{ErrTransport, fmt.Errorf("the receives were flushed: the QP is in the error state")})
-			return
-		case wc.Status != verbs.WCSuccess:
-			c.quit(&kindError{ErrTransport, fmt.Errorf("a receive failed: %w", err)})
-			return
-		case errors.Is(err, rdmacm.ErrEnded):
-			return
-		case ctx.Err() != nil:
-			continue // woken for a CREDIT frame, or a failure
-		default:
-			c.quit(&kindError{ErrTransport, fmt.Errorf("wait for receives: %w", err)})
-			return
-		}
 	}
 }
 
-// drainCompleted takes the receives that have completed, without waiting,
-// and queues their messages, up to the first that did not succeed.
-func (c *Conn) drainCompleted() {
-	now, cancel := context.WithCancel(c.loopCtx)
-	cancel() // rdmacm's Recv polls before it waits
-	for c.loopCtx.Err() == nil {
-		wc, err := c.rc.Recv(now)
-		if err != nil || c.handle(wc) != nil {
-			return
-		}
-	}
-}
-
-// quit records err, unless the connection failed already, lets Recv report
-// the failure once the messages before it are taken, and ends the
-// connection, so that the peer learns of it.
+// quit records err, unless the connection failed already, and ends the
+// connection, so that the peer learns of it. Recv reports the failure
+// once it has taken the messages that arrived before it.
 func (c *Conn) quit(err error) {
 	c.mu.Lock()
 	if err != nil {
 		c.failLocked(err)
 	}
-	c.drained = true
 	c.broadcastLocked()
 	c.mu.Unlock()
 	c.disconnect()
+	c.rxEndCancel()
 }
 
 // flushedByEnd tells whether receives were flushed because the connection
@@ -853,8 +1029,8 @@ func (c *Conn) disconnect() {
 	c.rc.Disconnect(ctx)
 }
 
-// handle checks one received frame and acts on it.
-func (c *Conn) handle(wc verbs.WorkCompletion) error {
+// handleLocked checks one received frame and acts on it.
+func (c *Conn) handleLocked(wc verbs.WorkCompletion) error {
 	if wc.ID >= uint64(c.nRecv) {
 		return fmt.Errorf("a receive completion for buffer %d, of %d (a receive posted outside this package?)", wc.ID, c.nRecv)
 	}
@@ -869,8 +1045,6 @@ func (c *Conn) handle(wc verbs.WorkCompletion) error {
 	if err != nil {
 		return err
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	c.ka.heard++
 	if err := c.led.incoming(h); err != nil {
 		return err
@@ -904,7 +1078,6 @@ func (c *Conn) handle(wc verbs.WorkCompletion) error {
 			}
 		}
 	}
-	c.broadcastLocked()
 	return nil
 }
 
@@ -964,6 +1137,7 @@ func (c *Conn) Close() error {
 		// broken protocol.
 		fin := c.helloSent && !c.finSent && c.failed == nil && c.rc.Err() == nil
 		c.mu.Unlock()
+		c.closingCancel() // a Send waiting for credit on the receive CQ
 		if fin {
 			c.sendFrame(ctx, "close", frameFin, nil, true)
 		}
@@ -975,6 +1149,11 @@ func (c *Conn) Close() error {
 		c.stopKeepalive()
 		c.loopStop()
 		<-c.loopDone
+		// A Recv waiting on the receive CQ woke with loopStop; once it has
+		// let go, no one takes it again (closed).
+		c.rcqMu.Lock()
+		c.rxWait.release()
+		c.rcqMu.Unlock()
 		c.mu.Lock()
 		// The goroutine is gone: what is queued stays with the connection.
 		for _, m := range c.queue {
