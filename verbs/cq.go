@@ -139,11 +139,13 @@ func (c *CQ) pollArm(wcs []WorkCompletion) (int, error) {
 	}
 	arm := !c.armed.Load()
 	n, err := c.cq.PollArm(unsafe.Slice((*ibv.WC)(unsafe.Pointer(&wcs[0])), len(wcs)), arm)
-	var ne *ibv.NotifyError
-	switch {
-	case errors.As(err, &ne):
-		return 0, &OpError{Op: "ibv_req_notify_cq", Device: c.dev.Info.Name, Err: ne.Err}
-	case err != nil:
+	if err != nil {
+		// Declared here: errors.As moves it to the heap, which every
+		// wait paid for when it was declared outside.
+		var ne *ibv.NotifyError
+		if errors.As(err, &ne) {
+			return 0, &OpError{Op: "ibv_req_notify_cq", Device: c.dev.Info.Name, Err: ne.Err}
+		}
 		return 0, &OpError{Op: "ibv_poll_cq", Device: c.dev.Info.Name, Err: err}
 	}
 	if arm && n == 0 {
