@@ -147,10 +147,12 @@ func postPool(s rdmacm.Setup, o *Config) (*verbs.MR, error) {
 // flow control over an RC connection of package rdmacm. Send, Recv, Release
 // and Close may be called from any goroutine.
 //
-// One goroutine per connection reads the receive completions (waiting on
-// Go's runtime poller), checks each frame and queues the messages for Recv;
-// Send posts from the caller's goroutine and, when the send buffers run
-// out, waits for the device's send completions itself.
+// Recv takes the receive completions itself (waiting on Go's runtime
+// poller), checks each frame and queues the messages; one goroutine per
+// connection sends the grants that wait for a buffer, ends the connection
+// after a failure, and takes the receive completions for a Send waiting
+// for credit. Send posts from the caller's goroutine and, when the send
+// buffers run out, waits for the device's send completions itself.
 type Conn struct {
 	rc            *rdmacm.Conn
 	qp            *verbs.QP

@@ -65,9 +65,13 @@
 //
 // # Goroutines and waiting
 //
-// One goroutine per connection takes the receive completions, waiting on
-// Go's runtime poller (no busy polling), checks every frame and queues the
-// messages for Recv. Send copies the message into a registered send buffer
+// Recv takes the receive completions itself when nothing is queued,
+// waiting on Go's runtime poller (no busy polling), checks every frame and
+// queues the messages; no other goroutine hands them over. One goroutine
+// per connection does the rest: it sends the credit grants that must wait
+// for a buffer, ends the connection after a failure, and takes the receive
+// completions while a Send waits for credit and no Recv is taking them
+// (and before the first Recv). Send copies the message into a registered send buffer
 // and posts it from the caller's goroutine, so many messages are in flight;
 // when the credits or the send buffers run out it waits (backpressure, never
 // an error), and then it polls the send completions itself. A Listener has
