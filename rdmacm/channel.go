@@ -74,6 +74,12 @@ type eventSource interface {
 type cmaSource struct {
 	ch *cma.Channel
 	w  *fdwait.Waiter
+
+	// Only the dispatcher reads: the events of the last crossing into C
+	// not yet handed out.
+	batch   [cma.EventBatch]cma.Event
+	next, n int
+	fill    func() bool // fills batch; made once, not per wait
 }
 
 func (s *cmaSource) newID(token uint64, ps PortSpace) (cmHandle, error) {
@@ -89,16 +95,26 @@ func (s *cmaSource) close() {
 	s.ch.Destroy()
 }
 
+// read hands out the events of one crossing into C, which reads every
+// event queued (up to a batch), one at a time: a burst of events (a step
+// of many connections) costs one crossing, not one each. (The wait after
+// it still begins with a read that finds nothing: Go's poller forgets a
+// readiness it saw before the wait began.)
 func (s *cmaSource) read() (rawEvent, error) {
-	var got cma.Event
-	err := s.w.Wait(context.Background(), func() bool {
-		var ok bool
-		got, ok = s.ch.GetEvent()
-		return ok // false: none queued, wait in the poller
-	})
-	if err != nil {
-		return rawEvent{}, fmt.Errorf("waiting for the rdma_cm event channel in Go's poller: %w", err)
+	if s.next == s.n {
+		if s.fill == nil {
+			s.fill = func() bool {
+				s.n, _, _ = s.ch.GetEvents(s.batch[:])
+				s.next = 0
+				return s.n > 0 // none: wait in the poller
+			}
+		}
+		if err := s.w.Wait(context.Background(), s.fill); err != nil {
+			return rawEvent{}, fmt.Errorf("waiting for the rdma_cm event channel in Go's poller: %w", err)
+		}
 	}
+	got := &s.batch[s.next]
+	s.next++
 	ev := &Event{Type: EventType(got.Type), Status: got.Status, UD: got.UD, PrivateData: got.PrivateData,
 		Param: ConnParam(got.Param)}
 	if ev.UD {
@@ -109,6 +125,7 @@ func (s *cmaSource) read() (rawEvent, error) {
 	if ev.Type == EventConnectRequest {
 		re.child = got.ID
 	}
+	*got = cma.Event{} // hold no private data or id past its delivery
 	return re, nil
 }
 

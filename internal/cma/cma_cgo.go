@@ -69,6 +69,27 @@ static int rdmago_get_event(struct rdma_event_channel *ch, struct rdmago_event *
 	return 0;
 }
 
+// rdmago_get_events fetches, copies and acks up to max events in one
+// crossing. It returns how many it got, and sets *drained when it stopped
+// because none was queued (errno EAGAIN) rather than at max; *err is the
+// errno of a failed read other than EAGAIN (0 if none).
+static int rdmago_get_events(struct rdma_event_channel *ch, struct rdmago_event *out, int max, int *drained, int *err) {
+	int n = 0;
+	*drained = 0;
+	*err = 0;
+	while (n < max) {
+		if (rdmago_get_event(ch, &out[n])) {
+			if (errno == EAGAIN || errno == EWOULDBLOCK)
+				*drained = 1;
+			else
+				*err = errno;
+			break;
+		}
+		n++;
+	}
+	return n;
+}
+
 // An id's context is the token that routes its events; librdmacm never
 // dereferences it.
 static int rdmago_create_id(struct rdma_event_channel *ch, struct rdma_cm_id **id, uint64_t token,
@@ -183,7 +204,7 @@ func errnoOf(err error) error {
 // Channel is an rdma_event_channel.
 type Channel struct {
 	ch *C.struct_rdma_event_channel
-	ev *C.struct_rdmago_event // the copy-out buffer, C memory
+	ev *C.struct_rdmago_event // the copy-out buffer, C memory: EventBatch entries
 
 	// qps is held while an event is read, while a QP librdmacm made is
 	// created and while one leaves its id to be destroyed:
@@ -200,7 +221,7 @@ func NewChannel() (*Channel, error) {
 	if ch == nil {
 		return nil, errnoOf(err)
 	}
-	ev := (*C.struct_rdmago_event)(C.calloc(1, C.sizeof_struct_rdmago_event))
+	ev := (*C.struct_rdmago_event)(C.calloc(EventBatch, C.sizeof_struct_rdmago_event))
 	if ev == nil {
 		C.rdma_destroy_event_channel(ch)
 		return nil, syscall.ENOMEM
@@ -217,17 +238,46 @@ func (c *Channel) Destroy() {
 	C.free(unsafe.Pointer(c.ev))
 }
 
+// EventBatch is the most events GetEvents reads in one crossing.
+const EventBatch = 16
+
+// GetEvents reads, copies and acks up to len(dst) (at most EventBatch)
+// queued events in one crossing into C, and returns how many. drained is
+// set when it stopped because none was left queued (the descriptor is
+// non-blocking once in the poller), so that a waiter can go straight to
+// the poller; err is a failed read's error other than "none queued".
+func (c *Channel) GetEvents(dst []Event) (n int, drained bool, err error) {
+	max := min(len(dst), EventBatch)
+	if max == 0 {
+		return 0, false, nil
+	}
+	var dr, en C.int
+	c.qps.Lock()
+	got := int(C.rdmago_get_events(c.ch, c.ev, C.int(max), &dr, &en))
+	c.qps.Unlock()
+	evs := unsafe.Slice(c.ev, got)
+	for i := range evs {
+		dst[i] = c.copyEvent(&evs[i])
+	}
+	if en != 0 {
+		err = syscall.Errno(en)
+	}
+	return got, dr != 0, err
+}
+
 // GetEvent reads, copies and acks one event; false when none is queued
 // (the descriptor is non-blocking once in the poller).
 func (c *Channel) GetEvent() (Event, bool) {
-	ce := c.ev
-	c.qps.Lock()
-	got := C.rdmago_get_event(c.ch, ce) == 0
-	c.qps.Unlock()
-	if !got {
-		return Event{}, false
+	var ev [1]Event
+	n, _, _ := c.GetEvents(ev[:])
+	return ev[0], n == 1
+}
+
+func (c *Channel) copyEvent(ce *C.struct_rdmago_event) Event {
+	ev := Event{Type: int(ce._type), Status: int(ce.status), UD: ce.ud != 0, Token: uint64(ce.token)}
+	if ce._type == C.RDMA_CM_EVENT_CONNECT_REQUEST {
+		ev.ID = &ID{id: ce.id, ch: c}
 	}
-	ev := Event{Type: int(ce._type), Status: int(ce.status), UD: ce.ud != 0, Token: uint64(ce.token), ID: &ID{id: ce.id, ch: c}}
 	if n := int(ce.pdata_len); n > 0 {
 		ev.PrivateData = C.GoBytes(unsafe.Pointer(&ce.pdata[0]), C.int(n))
 	}
@@ -238,7 +288,7 @@ func (c *Channel) GetEvent() (Event, bool) {
 		ev.QKey = uint32(ce.qkey)
 		ev.AH = ibv.AHAttrAt(unsafe.Pointer(&ce.ah_attr))
 	}
-	return ev, true
+	return ev
 }
 
 // Devices is rdma_get_devices: librdmacm's own contexts, which it keeps
