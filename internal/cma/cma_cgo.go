@@ -70,20 +70,20 @@ static int rdmago_get_event(struct rdma_event_channel *ch, struct rdmago_event *
 }
 
 // rdmago_get_events fetches, copies and acks up to max events in one
-// crossing. It returns how many it got, and sets *drained when it stopped
-// because none was queued (errno EAGAIN) rather than at max; *err is the
-// errno of a failed read other than EAGAIN (0 if none).
-static int rdmago_get_events(struct rdma_event_channel *ch, struct rdmago_event *out, int max, int *drained, int *err) {
+// crossing. It returns how many it got in the low 16 bits; bit 16 is set
+// when it stopped because none was queued (errno EAGAIN) rather than at
+// max, and bits 17 and up hold the errno of a failed read other than
+// EAGAIN. (One return value: out parameters in Go memory would each be
+// allocated on the Go heap per call.)
+static int rdmago_get_events(uintptr_t chp, uintptr_t outp, int max) {
+	struct rdma_event_channel *ch = (struct rdma_event_channel *)chp;
+	struct rdmago_event *out = (struct rdmago_event *)outp;
 	int n = 0;
-	*drained = 0;
-	*err = 0;
 	while (n < max) {
 		if (rdmago_get_event(ch, &out[n])) {
 			if (errno == EAGAIN || errno == EWOULDBLOCK)
-				*drained = 1;
-			else
-				*err = errno;
-			break;
+				return n | 1 << 16;
+			return n | errno << 17;
 		}
 		n++;
 	}
@@ -92,10 +92,20 @@ static int rdmago_get_events(struct rdma_event_channel *ch, struct rdmago_event 
 
 // An id's context is the token that routes its events; librdmacm never
 // dereferences it.
-static int rdmago_create_id(struct rdma_event_channel *ch, struct rdma_cm_id **id, uint64_t token,
-		enum rdma_port_space ps) {
-	return rdma_create_id(ch, id, (void *)(uintptr_t)token, ps);
+// It returns the id, or NULL with errno set. (The channel and the id travel
+// as integers: a C pointer argument costs cgo's check of whether it points
+// into Go memory on every call, and an out parameter in Go memory a heap
+// allocation.)
+static struct rdma_cm_id *rdmago_create_id(uintptr_t ch, uint64_t token, int ps) {
+	struct rdma_cm_id *id;
+	if (rdma_create_id((struct rdma_event_channel *)ch, &id, (void *)(uintptr_t)token, ps))
+		return NULL;
+	return id;
 }
+
+static int rdmago_destroy_id(uintptr_t id) { return rdma_destroy_id((struct rdma_cm_id *)id); }
+static int rdmago_resolve_route(uintptr_t id, int ms) { return rdma_resolve_route((struct rdma_cm_id *)id, ms); }
+static int rdmago_disconnect(uintptr_t id) { return rdma_disconnect((struct rdma_cm_id *)id); }
 
 static void rdmago_set_token(struct rdma_cm_id *id, uint64_t token) { id->context = (void *)(uintptr_t)token; }
 
@@ -251,18 +261,18 @@ func (c *Channel) GetEvents(dst []Event) (n int, drained bool, err error) {
 	if max == 0 {
 		return 0, false, nil
 	}
-	var dr, en C.int
 	c.qps.Lock()
-	got := int(C.rdmago_get_events(c.ch, c.ev, C.int(max), &dr, &en))
+	rc := int(C.rdmago_get_events(C.uintptr_t(uintptr(unsafe.Pointer(c.ch))), C.uintptr_t(uintptr(unsafe.Pointer(c.ev))), C.int(max)))
 	c.qps.Unlock()
+	got := rc & 0xffff
 	evs := unsafe.Slice(c.ev, got)
 	for i := range evs {
 		dst[i] = c.copyEvent(&evs[i])
 	}
-	if en != 0 {
+	if en := rc >> 17; en != 0 {
 		err = syscall.Errno(en)
 	}
-	return got, dr != 0, err
+	return got, rc&(1<<16) != 0, err
 }
 
 // GetEvent reads, copies and acks one event; false when none is queued
@@ -328,19 +338,23 @@ type ID struct {
 
 // NewID is rdma_create_id, with token as the id's context.
 func (c *Channel) NewID(token uint64, ps int) (*ID, error) {
-	var id *C.struct_rdma_cm_id
-	if rc, err := C.rdmago_create_id(c.ch, &id, C.uint64_t(token), C.enum_rdma_port_space(ps)); rc != 0 {
+	id, err := C.rdmago_create_id(C.uintptr_t(uintptr(unsafe.Pointer(c.ch))), C.uint64_t(token), C.int(ps))
+	if id == nil {
 		return nil, errnoOf(err)
 	}
 	return &ID{id: id, ch: c}, nil
 }
+
+// addr is the id's address as an integer, for the calls made often: see
+// rdmago_create_id.
+func (i *ID) addr() C.uintptr_t { return C.uintptr_t(uintptr(unsafe.Pointer(i.id))) }
 
 // SetToken sets the id's context.
 func (i *ID) SetToken(token uint64) { C.rdmago_set_token(i.id, C.uint64_t(token)) }
 
 // Destroy is rdma_destroy_id.
 func (i *ID) Destroy() error {
-	if rc, err := C.rdma_destroy_id(i.id); rc != 0 {
+	if rc, err := C.rdmago_destroy_id(i.addr()); rc != 0 {
 		return errnoOf(err)
 	}
 	return nil
@@ -447,7 +461,7 @@ func (i *ID) ResolveAddr(src, dst SockAddr, timeoutMS int) error {
 
 // ResolveRoute is rdma_resolve_route.
 func (i *ID) ResolveRoute(timeoutMS int) error {
-	if rc, err := C.rdma_resolve_route(i.id, C.int(timeoutMS)); rc != 0 {
+	if rc, err := C.rdmago_resolve_route(i.addr(), C.int(timeoutMS)); rc != 0 {
 		return errnoOf(err)
 	}
 	return nil
@@ -499,7 +513,7 @@ func (i *ID) Reject(data []byte) error {
 
 // Disconnect is rdma_disconnect.
 func (i *ID) Disconnect() error {
-	if rc, err := C.rdma_disconnect(i.id); rc != 0 {
+	if rc, err := C.rdmago_disconnect(i.addr()); rc != 0 {
 		return errnoOf(err)
 	}
 	return nil
