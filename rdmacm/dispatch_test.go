@@ -416,3 +416,35 @@ func TestConnectErrorOfLibrdmacmIsNotEPERM(t *testing.T) {
 	assert.ErrorIs(t, oe, ErrConnect)
 	assert.ErrorIs(t, oe, syscall.EINVAL)
 }
+
+// A destroyed id's slot is reused, but an event for it read late reaches
+// neither the slot's next id nor anyone else; a wait in progress ends when
+// its id is closed.
+func TestLateEventForDestroyedIDReachesNoOne(t *testing.T) {
+	src := newFakeSource()
+	ch := newChannel(src)
+	a, err := ch.newID(PortSpaceTCP)
+	require.NoError(t, err)
+	old := a.token
+	require.NoError(t, a.destroy())
+	b, err := ch.newID(PortSpaceTCP)
+	require.NoError(t, err)
+	assert.Equal(t, uint32(old), uint32(b.token), "the slot is reused")
+	assert.NotEqual(t, old, b.token)
+
+	src.send(old, EventDisconnected, nil)
+	src.send(b.token, EventEstablished, nil)
+	assert.Equal(t, EventEstablished, nextWithin(t, b).Type, "the destroyed id's event reached its slot's next id")
+
+	waiting := make(chan error, 1)
+	go func() { _, err := b.next(context.Background()); waiting <- err }()
+	time.Sleep(20 * time.Millisecond)
+	require.NoError(t, b.destroy())
+	select {
+	case err := <-waiting:
+		assert.ErrorIs(t, err, ErrClosed)
+	case <-time.After(5 * time.Second):
+		t.Fatal("closing the id did not end the wait for its next event")
+	}
+	assert.Nil(t, ch.lookup(b.token))
+}

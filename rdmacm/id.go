@@ -8,6 +8,7 @@ import (
 	"math"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -42,11 +43,15 @@ type ID struct {
 
 	mu      sync.Mutex
 	queue   []*Event
-	handler func(*Event)  // set by the convenient layer once it owns the id
-	notify  chan struct{} // one token when queue grows
+	handler func(*Event) // set by the convenient layer once it owns the id
+	// wake is made by the first wait in next, not with the id (most ids of
+	// a program that sets a handler never wait there): a token when queue
+	// grows, and closed by destroy.
+	wake chan struct{}
 	// toldFailure: the handler has had eventChannelFailed (once each).
 	toldFailure bool
-	closed      chan struct{} // closed by destroy
+	// closed is set by destroy (under mu); enter reads it without.
+	closed atomic.Bool
 
 	// life is held for reading by every call into the C id and for
 	// writing by destroy, so that Close never frees the id under a call
@@ -156,13 +161,11 @@ func (c *ID) fail(op string, err error) *OpError {
 // use the unexported accessors.
 func (c *ID) enter(op string) error {
 	c.life.RLock()
-	select {
-	case <-c.closed:
+	if c.closed.Load() {
 		c.life.RUnlock()
 		return &OpError{Op: op, Err: ErrClosed, thin: true}
-	default:
-		return nil
 	}
+	return nil
 }
 
 func (c *ID) leave() { c.life.RUnlock() }

@@ -218,7 +218,9 @@ func connectAll(ctx context.Context, c config) (*result, error) {
 		r.within = []string{stepInitQP, stepRTRQP, stepRTSQP, stepEstablish}
 	}
 	for i := range r.nodes {
-		r.nodes[i] = &node{d: map[string]time.Duration{}}
+		// Room for every step, made before the clock starts: C times into
+		// a fixed array.
+		r.nodes[i] = &node{d: make(map[string]time.Duration, 16)}
 	}
 	to := netip.AddrPortFrom(dst, uint16(c.port))
 	timeout := time.Duration(c.timeout) * time.Millisecond

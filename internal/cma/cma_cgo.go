@@ -69,12 +69,43 @@ static int rdmago_get_event(struct rdma_event_channel *ch, struct rdmago_event *
 	return 0;
 }
 
+// rdmago_get_events fetches, copies and acks up to max events in one
+// crossing. It returns how many it got in the low 16 bits; bit 16 is set
+// when it stopped because none was queued (errno EAGAIN) rather than at
+// max, and bits 17 and up hold the errno of a failed read other than
+// EAGAIN. (One return value: out parameters in Go memory would each be
+// allocated on the Go heap per call.)
+static int rdmago_get_events(uintptr_t chp, uintptr_t outp, int max) {
+	struct rdma_event_channel *ch = (struct rdma_event_channel *)chp;
+	struct rdmago_event *out = (struct rdmago_event *)outp;
+	int n = 0;
+	while (n < max) {
+		if (rdmago_get_event(ch, &out[n])) {
+			if (errno == EAGAIN || errno == EWOULDBLOCK)
+				return n | 1 << 16;
+			return n | errno << 17;
+		}
+		n++;
+	}
+	return n;
+}
+
 // An id's context is the token that routes its events; librdmacm never
 // dereferences it.
-static int rdmago_create_id(struct rdma_event_channel *ch, struct rdma_cm_id **id, uint64_t token,
-		enum rdma_port_space ps) {
-	return rdma_create_id(ch, id, (void *)(uintptr_t)token, ps);
+// It returns the id, or NULL with errno set. (The channel and the id travel
+// as integers: a C pointer argument costs cgo's check of whether it points
+// into Go memory on every call, and an out parameter in Go memory a heap
+// allocation.)
+static struct rdma_cm_id *rdmago_create_id(uintptr_t ch, uint64_t token, int ps) {
+	struct rdma_cm_id *id;
+	if (rdma_create_id((struct rdma_event_channel *)ch, &id, (void *)(uintptr_t)token, ps))
+		return NULL;
+	return id;
 }
+
+static int rdmago_destroy_id(uintptr_t id) { return rdma_destroy_id((struct rdma_cm_id *)id); }
+static int rdmago_resolve_route(uintptr_t id, int ms) { return rdma_resolve_route((struct rdma_cm_id *)id, ms); }
+static int rdmago_disconnect(uintptr_t id) { return rdma_disconnect((struct rdma_cm_id *)id); }
 
 static void rdmago_set_token(struct rdma_cm_id *id, uint64_t token) { id->context = (void *)(uintptr_t)token; }
 
@@ -183,7 +214,7 @@ func errnoOf(err error) error {
 // Channel is an rdma_event_channel.
 type Channel struct {
 	ch *C.struct_rdma_event_channel
-	ev *C.struct_rdmago_event // the copy-out buffer, C memory
+	ev *C.struct_rdmago_event // the copy-out buffer, C memory: EventBatch entries
 
 	// qps is held while an event is read, while a QP librdmacm made is
 	// created and while one leaves its id to be destroyed:
@@ -200,7 +231,7 @@ func NewChannel() (*Channel, error) {
 	if ch == nil {
 		return nil, errnoOf(err)
 	}
-	ev := (*C.struct_rdmago_event)(C.calloc(1, C.sizeof_struct_rdmago_event))
+	ev := (*C.struct_rdmago_event)(C.calloc(EventBatch, C.sizeof_struct_rdmago_event))
 	if ev == nil {
 		C.rdma_destroy_event_channel(ch)
 		return nil, syscall.ENOMEM
@@ -217,17 +248,46 @@ func (c *Channel) Destroy() {
 	C.free(unsafe.Pointer(c.ev))
 }
 
+// EventBatch is the most events GetEvents reads in one crossing.
+const EventBatch = 16
+
+// GetEvents reads, copies and acks up to len(dst) (at most EventBatch)
+// queued events in one crossing into C, and returns how many. drained is
+// set when it stopped because none was left queued (the descriptor is
+// non-blocking once in the poller), so that a waiter can go straight to
+// the poller; err is a failed read's error other than "none queued".
+func (c *Channel) GetEvents(dst []Event) (n int, drained bool, err error) {
+	max := min(len(dst), EventBatch)
+	if max == 0 {
+		return 0, false, nil
+	}
+	c.qps.Lock()
+	rc := int(C.rdmago_get_events(C.uintptr_t(uintptr(unsafe.Pointer(c.ch))), C.uintptr_t(uintptr(unsafe.Pointer(c.ev))), C.int(max)))
+	c.qps.Unlock()
+	got := rc & 0xffff
+	evs := unsafe.Slice(c.ev, got)
+	for i := range evs {
+		dst[i] = c.copyEvent(&evs[i])
+	}
+	if en := rc >> 17; en != 0 {
+		err = syscall.Errno(en)
+	}
+	return got, rc&(1<<16) != 0, err
+}
+
 // GetEvent reads, copies and acks one event; false when none is queued
 // (the descriptor is non-blocking once in the poller).
 func (c *Channel) GetEvent() (Event, bool) {
-	ce := c.ev
-	c.qps.Lock()
-	got := C.rdmago_get_event(c.ch, ce) == 0
-	c.qps.Unlock()
-	if !got {
-		return Event{}, false
+	var ev [1]Event
+	n, _, _ := c.GetEvents(ev[:])
+	return ev[0], n == 1
+}
+
+func (c *Channel) copyEvent(ce *C.struct_rdmago_event) Event {
+	ev := Event{Type: int(ce._type), Status: int(ce.status), UD: ce.ud != 0, Token: uint64(ce.token)}
+	if ce._type == C.RDMA_CM_EVENT_CONNECT_REQUEST {
+		ev.ID = &ID{id: ce.id, ch: c}
 	}
-	ev := Event{Type: int(ce._type), Status: int(ce.status), UD: ce.ud != 0, Token: uint64(ce.token), ID: &ID{id: ce.id, ch: c}}
 	if n := int(ce.pdata_len); n > 0 {
 		ev.PrivateData = C.GoBytes(unsafe.Pointer(&ce.pdata[0]), C.int(n))
 	}
@@ -238,7 +298,7 @@ func (c *Channel) GetEvent() (Event, bool) {
 		ev.QKey = uint32(ce.qkey)
 		ev.AH = ibv.AHAttrAt(unsafe.Pointer(&ce.ah_attr))
 	}
-	return ev, true
+	return ev
 }
 
 // Devices is rdma_get_devices: librdmacm's own contexts, which it keeps
@@ -278,19 +338,23 @@ type ID struct {
 
 // NewID is rdma_create_id, with token as the id's context.
 func (c *Channel) NewID(token uint64, ps int) (*ID, error) {
-	var id *C.struct_rdma_cm_id
-	if rc, err := C.rdmago_create_id(c.ch, &id, C.uint64_t(token), C.enum_rdma_port_space(ps)); rc != 0 {
+	id, err := C.rdmago_create_id(C.uintptr_t(uintptr(unsafe.Pointer(c.ch))), C.uint64_t(token), C.int(ps))
+	if id == nil {
 		return nil, errnoOf(err)
 	}
 	return &ID{id: id, ch: c}, nil
 }
+
+// addr is the id's address as an integer, for the calls made often: see
+// rdmago_create_id.
+func (i *ID) addr() C.uintptr_t { return C.uintptr_t(uintptr(unsafe.Pointer(i.id))) }
 
 // SetToken sets the id's context.
 func (i *ID) SetToken(token uint64) { C.rdmago_set_token(i.id, C.uint64_t(token)) }
 
 // Destroy is rdma_destroy_id.
 func (i *ID) Destroy() error {
-	if rc, err := C.rdma_destroy_id(i.id); rc != 0 {
+	if rc, err := C.rdmago_destroy_id(i.addr()); rc != 0 {
 		return errnoOf(err)
 	}
 	return nil
@@ -397,7 +461,7 @@ func (i *ID) ResolveAddr(src, dst SockAddr, timeoutMS int) error {
 
 // ResolveRoute is rdma_resolve_route.
 func (i *ID) ResolveRoute(timeoutMS int) error {
-	if rc, err := C.rdma_resolve_route(i.id, C.int(timeoutMS)); rc != 0 {
+	if rc, err := C.rdmago_resolve_route(i.addr(), C.int(timeoutMS)); rc != 0 {
 		return errnoOf(err)
 	}
 	return nil
@@ -449,7 +513,7 @@ func (i *ID) Reject(data []byte) error {
 
 // Disconnect is rdma_disconnect.
 func (i *ID) Disconnect() error {
-	if rc, err := C.rdma_disconnect(i.id); rc != 0 {
+	if rc, err := C.rdmago_disconnect(i.addr()); rc != 0 {
 		return errnoOf(err)
 	}
 	return nil

@@ -13,7 +13,7 @@ import (
 // Event is one CM event, copied out of librdmacm and acked.
 type Event struct {
 	Type, Status int
-	// ID is the event's id: for a connect request, the new id.
+	// ID is a connect request's new id; nil for other events.
 	ID *ID
 	// Token is the context of the id the event belongs to: for a connect
 	// request, the listener's.
