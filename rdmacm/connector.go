@@ -211,10 +211,12 @@ func (e *endpoint) sendConnect(privateData []byte) error {
 	if o.Mode == ModeManual {
 		p.QPNum = e.res.qp.QPN
 	}
-	data := encodePrivateData(o.RawPrivateData, e.localMTU(), privateData)
+	// After BeforeConnect, which may write into the private data (a key
+	// of memory it registered), as it may for an accept.
 	if err := e.beforeConnect(); err != nil {
 		return err
 	}
+	data := encodePrivateData(o.RawPrivateData, e.localMTU(), privateData)
 	e.issuedAt = time.Now()
 	if err := e.id.connectOrAccept(false, p, data); err != nil {
 		if errors.Is(err, syscall.ECONNREFUSED) {
