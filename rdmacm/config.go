@@ -118,7 +118,10 @@ type ConnConfig struct {
 	// iWARP a SEND that arrives before its receive ends the connection
 	// (there is no RNR retry), and on RoCE it costs an RNR delay. An error
 	// aborts the connection; memory registered here is released on every
-	// path. To keep what it makes for one accepted connection, see
+	// path. The private data (Dialer.PrivateData, or what Accept was
+	// given) is read after it returns, so it may write into that slice's
+	// bytes, e.g. the key and address of memory it registered for the
+	// peer. To keep what it makes for one accepted connection, see
 	// [ConnRequest.AcceptWith]. A multicast join has no connect request
 	// and does not run it: post its receives once JoinMulticast returns.
 	BeforeConnect func(s Setup) error

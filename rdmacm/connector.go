@@ -3,6 +3,7 @@ package rdmacm
 import (
 	"context"
 	"errors"
+	"fmt"
 	"syscall"
 	"time"
 
@@ -70,7 +71,8 @@ func (c *connector) Connect(ctx context.Context) (*conn, error) {
 	conn, err := c.e.connect(ctx)
 	if err != nil {
 		e := c.e
-		c.background = e.iwarp && e.connecting && (ctx.Err() != nil || errors.Is(err, ErrTimeout))
+		c.background = e.inFlight != nil ||
+			e.iwarp && e.connecting && (ctx.Err() != nil || errors.Is(err, ErrTimeout))
 		return nil, err
 	}
 	c.done = true
@@ -81,14 +83,21 @@ func (c *connector) Connect(ctx context.Context) (*conn, error) {
 // (close that instead). It returns what releasing the verbs objects
 // reported, or nil when the release goes on in the background: an iWARP
 // connect that was cancelled or timed out may still be pending in the
-// kernel, which holds up destroying the id for up to about 10 s.
+// kernel, which holds up destroying the id for up to about 10 s, and an
+// rdma_connect that Connect gave up on may still be blocked (see
+// connectCall): the release waits for it to return.
 func (c *connector) Close() error {
 	if c.done {
 		return nil
 	}
 	c.done = true
 	if c.background || (c.e.iwarp && c.e.connecting) {
-		go c.e.abort()
+		go func() {
+			if c.e.inFlight != nil {
+				<-c.e.inFlight
+			}
+			c.e.abort()
+		}()
 		return nil
 	}
 	return c.e.abort()
@@ -97,7 +106,7 @@ func (c *connector) Close() error {
 // connect is Dial's last step: the request, the answer and, in
 // ModeManual, the QP's moves and the RTU.
 func (e *endpoint) connect(ctx context.Context) (*conn, error) {
-	if err := e.issueConnect(); err != nil {
+	if err := e.issueConnect(ctx); err != nil {
 		return nil, err
 	}
 	return e.answer(ctx)
@@ -189,19 +198,19 @@ func (e *endpoint) rejected(ev *Event) *OpError {
 
 // issueConnect runs BeforeConnect and sends the connect request with
 // Dialer.PrivateData, once it is known to fit the device's transport.
-func (e *endpoint) issueConnect() error {
+func (e *endpoint) issueConnect(ctx context.Context) error {
 	o := e.o
 	if pe := checkPrivateData(e.cm(), e.id.ps, msgConnect, o.RawPrivateData, o.PrivateData); pe != nil {
 		oe := e.fail("connect", nil, pe)
 		oe.Hint = "nothing was sent: dial with less Dialer.PrivateData"
 		return oe
 	}
-	return e.sendConnect(o.PrivateData)
+	return e.sendConnect(ctx, o.PrivateData)
 }
 
 // sendConnect runs BeforeConnect and sends the connect request with
 // privateData, which must fit.
-func (e *endpoint) sendConnect(privateData []byte) error {
+func (e *endpoint) sendConnect(ctx context.Context, privateData []byte) error {
 	o := e.o
 	var p ConnParam
 	if err := e.rdAtomic(&p, nil); err != nil {
@@ -211,12 +220,17 @@ func (e *endpoint) sendConnect(privateData []byte) error {
 	if o.Mode == ModeManual {
 		p.QPNum = e.res.qp.QPN
 	}
-	data := encodePrivateData(o.RawPrivateData, e.localMTU(), privateData)
+	// After BeforeConnect, which may write into the private data (a key
+	// of memory it registered), as it may for an accept.
 	if err := e.beforeConnect(); err != nil {
 		return err
 	}
+	data := encodePrivateData(o.RawPrivateData, e.localMTU(), privateData)
 	e.issuedAt = time.Now()
-	if err := e.id.connectOrAccept(false, p, data); err != nil {
+	if err := e.connectCall(ctx, p, data); err != nil {
+		if e.inFlight != nil {
+			return err
+		}
 		if errors.Is(err, syscall.ECONNREFUSED) {
 			// iWARP connects its TCP stream in rdma_connect: a refusal is immediate.
 			oe := e.fail("connect", nil, &RejectedError{Status: rejectIWARP})
@@ -227,4 +241,43 @@ func (e *endpoint) sendConnect(privateData []byte) error {
 	}
 	e.connecting = true
 	return nil
+}
+
+// connectCall makes the rdma_connect call. On iWARP the call itself can
+// block for minutes: the kernel connects the TCP stream before it returns
+// (siw_connect's kernel_connect is a blocking one), and a host that does
+// not answer holds it until TCP gives up on its SYNs (net.ipv4.
+// tcp_syn_retries; about 2 minutes by default). There the call runs on a
+// goroutine of its own: when ctx ends or ConnectTimeout passes first, the
+// dial fails at once, and e.inFlight says when the call is over, so that
+// the release (connector.Close) waits for it.
+func (e *endpoint) connectCall(ctx context.Context, p ConnParam, data []byte) error {
+	if !e.iwarp {
+		return e.id.connectOrAccept(false, p, data)
+	}
+	done := make(chan struct{})
+	var err error
+	go func() {
+		defer close(done)
+		err = e.id.connectOrAccept(false, p, data)
+	}()
+	timer := time.NewTimer(e.o.ConnectTimeout)
+	defer timer.Stop()
+	select {
+	case <-done:
+		return err
+	case <-ctx.Done():
+		e.inFlight = done
+		oe := e.fail("connect", nil, ctx.Err())
+		oe.Hint = "the kernel was still connecting the iWARP TCP stream; that goes on in the background and its " +
+			"resources are released when it ends"
+		return oe
+	case <-timer.C:
+		e.inFlight = done
+		oe := e.fail("connect", ErrTimeout, fmt.Errorf("rdma_connect still connecting the iWARP TCP stream after %v",
+			e.o.ConnectTimeout))
+		oe.Hint = "the peer's host did not answer the TCP connection: is it up, reachable, and the address right? " +
+			"(the attempt is released in the background)"
+		return oe
+	}
 }

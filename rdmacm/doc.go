@@ -116,9 +116,13 @@
 // accepting side sends first can reach the dialer with the MPA reply, and
 // siw then fails the dial with CONNECT_ERROR, status -22. There is no UD and
 // no multicast, a reject arrives as status -104 (an MPA reject) and a missing
-// listener as -111. Destroying an id whose connect is still pending waits
-// for the MPA exchange in the kernel; a cancelled dial therefore returns at
-// once and releases its resources in the background.
+// listener as -111. rdma_connect itself blocks while the kernel connects
+// the TCP stream (against a host that answers nothing, until TCP gives up
+// on its SYNs: about 2 minutes by default), and destroying an id whose
+// connect is still pending waits for the MPA exchange in the kernel; a
+// dial whose context ends or whose ConnectTimeout passes meanwhile
+// therefore returns at once and releases its resources in the background,
+// once the kernel is done.
 //
 // A listener on a wildcard address listens on every RDMA device. For each
 // siw device the kernel binds a TCP socket, in the listener's network

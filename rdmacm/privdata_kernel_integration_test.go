@@ -242,7 +242,7 @@ func TestKernelConnectLimit(t *testing.T) {
 			require.NoError(t, c.ResolveRoute(ctx))
 			require.NoError(t, c.CreateQP())
 			// Connect's first half, without the check.
-			err = c.e.sendConnect(data)
+			err = c.e.sendConnect(ctx, data)
 			if n > limit && k.cm == cmIB {
 				require.ErrorIs(t, err, syscall.EINVAL, "the IB CM refuses %d bytes", n)
 				requireNoRequest(t, l, 500*time.Millisecond)

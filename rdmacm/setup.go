@@ -43,6 +43,9 @@ type endpoint struct {
 	iwarp  bool
 	// connecting: a connect request is out and not yet answered.
 	connecting bool
+	// inFlight, once a dial gave up on an rdma_connect still blocked in
+	// the kernel (iWARP), is closed when that call returns.
+	inFlight <-chan struct{}
 	// issuedAt is when the current step's request went out, for its trace.
 	issuedAt time.Time
 	// c is the connection being made, once BeforeConnect has seen it.

@@ -36,8 +36,9 @@ type Config struct {
 	CloseTimeout time.Duration
 
 	// KeepAlive, when positive, has the connection probe a silent peer:
-	// once this long has passed without a frame from it, this side posts a
-	// zero-length RDMA READ, which the peer's device answers without its
+	// once this long has passed without a frame from it, this side posts an
+	// 8-byte RDMA READ of memory the peer named for it in its hello, which
+	// the peer's device answers without its
 	// application (a peer program that is busy or stopped still answers; a
 	// host that is gone or a cut link does not). When no answer comes
 	// within KeepAliveTimeout, or the probe fails, the connection fails
@@ -259,7 +260,7 @@ type Conn struct {
 
 const ctlID = 1 << 32
 
-func newConn(rc *rdmacm.Conn, o *Config, local, peer hello, pool *verbs.MR, accepting bool) (*Conn, error) {
+func newConn(rc *rdmacm.Conn, o *Config, local, peer hello, pool, probe *verbs.MR, accepting bool) (*Conn, error) {
 	max := min(int(local.maxMessage), int(peer.maxMessage))
 	c := &Conn{
 		rc: rc, qp: rc.QP(), scq: rc.SendCQ(), local: rc.LocalAddr(), remote: rc.RemoteAddr(), max: max,
@@ -289,7 +290,7 @@ func newConn(rc *rdmacm.Conn, o *Config, local, peer hello, pool *verbs.MR, acce
 	c.rxEnd, c.rxEndCancel = context.WithCancel(c.loopCtx)
 	c.closingCtx, c.closingCancel = context.WithCancel(c.rxEnd)
 	go c.loop()
-	c.startKeepalive(o)
+	c.startKeepalive(o, probe, peer)
 	return c, nil
 }
 

@@ -42,19 +42,23 @@ func Dial(ctx context.Context, d *rdmacm.Dialer, address string, cfg *Config) (*
 		return fail(errors.New("the Dialer's PrivateData must be empty: the connect request carries the message hello"))
 	}
 	local := o.hello()
-	dd.PrivateData = local.marshal()
+	dd.PrivateData = local.marshalProbe()
 	dd.Cap = o.qpCap()
 	dd.CQEntries = 0
-	var pool *verbs.MR
+	var pool, probe *verbs.MR
 	user := dd.BeforeConnect
+	hello := dd.PrivateData
 	dd.BeforeConnect = func(s rdmacm.Setup) error {
 		if user != nil {
 			if err := user(s); err != nil {
 				return err
 			}
 		}
-		mr, err := postPool(s, &o)
-		pool = mr
+		var err error
+		if probe, err = registerProbe(s, hello); err != nil {
+			return err
+		}
+		pool, err = postPool(s, &o)
 		return err
 	}
 	rc, err := dd.Dial(ctx, address)
@@ -70,7 +74,7 @@ func Dial(ctx context.Context, d *rdmacm.Dialer, address string, cfg *Config) (*
 		rc.Close()
 		return fail(&kindError{ErrHandshake, fmt.Errorf("the accept's hello: %w", err)})
 	}
-	c, err := newConn(rc, &o, local, peer, pool, false)
+	c, err := newConn(rc, &o, local, peer, pool, probe, false)
 	if err != nil {
 		rc.Close()
 		return fail(err)
@@ -293,16 +297,20 @@ func (l *Listener) run() {
 
 // handshake accepts one request whose hello was acceptable.
 func (l *Listener) handshake(req *rdmacm.ConnRequest, peer hello) (*Conn, error) {
-	var pool *verbs.MR
-	rc, err := req.AcceptWith(l.ctx, l.local.marshal(), func(s rdmacm.Setup) error {
-		mr, err := postPool(s, &l.o)
-		pool = mr
+	var pool, probe *verbs.MR
+	hello := l.local.marshalProbe()
+	rc, err := req.AcceptWith(l.ctx, hello, func(s rdmacm.Setup) error {
+		var err error
+		if probe, err = registerProbe(s, hello); err != nil {
+			return err
+		}
+		pool, err = postPool(s, &l.o)
 		return err
 	})
 	if err != nil {
 		return nil, &OpError{Op: "accept", Local: req.Local, Remote: req.Remote, Err: err}
 	}
-	c, err := newConn(rc, &l.o, l.local, peer, pool, true)
+	c, err := newConn(rc, &l.o, l.local, peer, pool, probe, true)
 	if err != nil {
 		rc.Close()
 		return nil, &OpError{Op: "accept", Local: req.Local, Remote: req.Remote, Err: err}

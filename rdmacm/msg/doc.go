@@ -89,8 +89,9 @@
 // returns the messages that had arrived before the end. A peer that vanishes
 // without its kernel disconnecting (a host that dies, a cut link) is
 // noticed, by default, only when a send fails, after the QP's retries (on
-// iWARP, TCP's: minutes). Config.KeepAlive turns on probes: a zero-length
-// RDMA READ after a silent period, which the peer's device answers; a probe
+// iWARP, TCP's: minutes). Config.KeepAlive turns on probes: an 8-byte
+// RDMA READ of memory the peer named in its hello, after a silent period,
+// which the peer's device answers; a probe
 // left unanswered fails the connection with ErrPeerUnresponsive within
 // 2 × KeepAlive + KeepAliveTimeout, on RoCE and on iWARP.
 //

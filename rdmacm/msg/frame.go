@@ -134,12 +134,26 @@ var helloMagic = [4]byte{'r', 'm', 's', 'g'}
 //	bytes 8-11   credits: receive buffers for messages, the peer's
 //	             initial grant
 //	bytes 12-15  the largest message it receives
+//
+// and, from a sender that takes keepalive probes (every rdmago since they
+// read memory), the memory they read:
+//
+//	bytes 16-19  its key
+//	bytes 20-27  its address
 type hello struct {
 	version    uint8
 	replySlots uint16
 	credits    uint32
 	maxMessage uint32
+	// probe: the hello names the memory keepalive probes read (probeKey,
+	// probeAddr); a peer without it takes only zero-length ones.
+	probe     bool
+	probeKey  uint32
+	probeAddr uint64
 }
+
+// helloProbeSize is the length of a hello that names the probes' memory.
+const helloProbeSize = helloSize + 12
 
 func (h hello) marshal() []byte {
 	b := make([]byte, helloSize)
@@ -149,6 +163,21 @@ func (h hello) marshal() []byte {
 	binary.BigEndian.PutUint32(b[8:], h.credits)
 	binary.BigEndian.PutUint32(b[12:], h.maxMessage)
 	return b
+}
+
+// marshalProbe is marshal with room for the probes' memory, which
+// putProbe fills in once it is registered.
+func (h hello) marshalProbe() []byte {
+	b := make([]byte, helloProbeSize)
+	copy(b, h.marshal())
+	return b
+}
+
+// putProbe writes the key and address of the probes' memory into a hello
+// from marshalProbe.
+func putProbe(b []byte, key uint32, addr uint64) {
+	binary.BigEndian.PutUint32(b[helloSize:], key)
+	binary.BigEndian.PutUint64(b[helloSize+4:], addr)
 }
 
 // Bounds of what a hello may announce.
@@ -166,6 +195,9 @@ func parseHello(b []byte) (hello, error) {
 	}
 	h := hello{version: b[4], replySlots: binary.BigEndian.Uint16(b[6:]), credits: binary.BigEndian.Uint32(b[8:]),
 		maxMessage: binary.BigEndian.Uint32(b[12:])}
+	if len(b) >= helloProbeSize {
+		h.probe, h.probeKey, h.probeAddr = true, binary.BigEndian.Uint32(b[helloSize:]), binary.BigEndian.Uint64(b[helloSize+4:])
+	}
 	switch {
 	case h.version != Version:
 		return h, fmt.Errorf("the peer speaks version %d of the message protocol, this side %d", h.version, Version)

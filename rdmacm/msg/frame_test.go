@@ -86,6 +86,18 @@ func TestHello(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, h, got)
 
+	// The probes' memory follows: key and address, as the peer's probes
+	// need them; a hello without (an older rdmago) has probe false.
+	bp := h.marshalProbe()
+	require.Len(t, bp, helloProbeSize)
+	assert.LessOrEqual(t, len(bp), 52, "fits a RoCE connect request after rdmago's header")
+	putProbe(bp, 0x1234abcd, 0x7f0011223344)
+	got, err = parseHello(bp)
+	require.NoError(t, err)
+	want := h
+	want.probe, want.probeKey, want.probeAddr = true, 0x1234abcd, 0x7f0011223344
+	assert.Equal(t, want, got)
+
 	for _, tc := range []struct {
 		name, want string
 		f          func(b []byte) []byte

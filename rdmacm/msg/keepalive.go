@@ -12,6 +12,38 @@ import (
 // probeID is the work request ID of the keepalive probe.
 const probeID = 1 << 33
 
+// probeSize is how many bytes a probe reads. A probe must read at least
+// one: siw answers a zero-length READ with whatever its send slot last
+// held (see registerProbe), which ends busy connections.
+const probeSize = 8
+
+// registerProbe registers, during the handshake, the memory of this side's
+// probes and of its peer's: the peer's probes read its first probeSize
+// bytes (zeros; nothing else is in it), this side's land in the next
+// probeSize. Its key and address go into hello (from marshalProbe), which
+// rdmacm reads after the setup.
+//
+// Why not a zero-length READ, which needs no memory: siw (Linux
+// drivers/infiniband/sw/siw) mishandles it twice. libsiw copies no SGE into
+// the send queue slot for a READ without one, and the kernel takes the
+// READ's sink and length from that slot's first SGE all the same
+// (siw_activate_tx sets num_sge to 1): once the queue has wrapped, the
+// request asks for the length of an earlier SEND from rkey 0, and the
+// peer refuses it with a TERMINATE (RDMAP, remote protection, invalid
+// STag) that ends the connection. And with a zero-length SGE, a peer whose
+// transmit slot is busy queues the answer without its SGE
+// (siw_init_rresp: num_sge 0; siw_activate_tx then keeps the slot's
+// earlier SGE, and siw_qp_sq_proc_tx sends as many bytes as that said),
+// and the requester refuses a READ response longer than asked.
+func registerProbe(s rdmacm.Setup, hello []byte) (*verbs.MR, error) {
+	mr, err := s.RegisterMemory(2*probeSize, verbs.AccessLocalWrite|verbs.AccessRemoteRead)
+	if err != nil {
+		return nil, fmt.Errorf("register the keepalive probes' %d bytes: %w", 2*probeSize, err)
+	}
+	putProbe(hello, mr.RKey, mr.Addr())
+	return mr, nil
+}
+
 // keepalive is the state of Config.KeepAlive; guarded by Conn.mu.
 type keepalive struct {
 	every, timeout time.Duration
@@ -23,15 +55,25 @@ type keepalive struct {
 	probeOut       bool      // a probe is posted and not completed
 	probeAt        time.Time // when it was posted
 	probes         int       // probes sent
+	// wr is the probe: a probeSize READ of the peer's probe memory into
+	// this side's, or, from a peer whose hello names none (an rdmago from
+	// before), a zero-length READ.
+	wr  verbs.SendWR
+	sge [1]verbs.SGE
 }
 
 // startKeepalive arms the first tick, when the Config asks for probes.
-func (c *Conn) startKeepalive(o *Config) {
+func (c *Conn) startKeepalive(o *Config, mr *verbs.MR, peer hello) {
 	if o.KeepAlive <= 0 {
 		return
 	}
 	c.mu.Lock() // the first tick waits for the timer to be recorded
 	defer c.mu.Unlock()
+	c.ka.wr = verbs.SendWR{ID: probeID, Opcode: verbs.OpRDMARead, Flags: verbs.SendSignaled}
+	if peer.probe && mr != nil {
+		c.ka.sge[0] = mr.SGE(probeSize, probeSize)
+		c.ka.wr.SGEs, c.ka.wr.RemoteAddr, c.ka.wr.RKey = c.ka.sge[:], peer.probeAddr, peer.probeKey
+	}
 	c.ka.every, c.ka.timeout, c.ka.aliveAt = o.KeepAlive, o.KeepAliveTimeout, time.Now()
 	c.ka.timer = time.AfterFunc(o.KeepAlive, c.keepaliveTick)
 }
@@ -83,13 +125,13 @@ func (c *Conn) keepaliveTick() {
 	switch {
 	case ka.probeOut && now.Sub(ka.probeAt) >= ka.timeout && !ka.aliveAt.After(ka.probeAt):
 		c.failLocked(&kindError{ErrPeerUnresponsive, fmt.Errorf("no answer from the peer's device to a keepalive "+
-			"probe (a zero-length RDMA READ) within %v, and no frame from it for %v: its host is gone or "+
+			"probe (an RDMA READ) within %v, and no frame from it for %v: its host is gone or "+
 			"the path to it broke", ka.timeout, now.Sub(ka.aliveAt).Round(time.Millisecond))})
 		c.mu.Unlock()
 		c.disconnect()
 		return
 	case !ka.probeOut && now.Sub(ka.aliveAt) >= ka.every:
-		err := c.qp.PostSend(verbs.SendWR{ID: probeID, Opcode: verbs.OpRDMARead, Flags: verbs.SendSignaled})
+		err := c.qp.PostSend(ka.wr)
 		if err != nil {
 			if c.rc.Err() == nil {
 				c.failLocked(&kindError{ErrTransport, fmt.Errorf("post a keepalive probe: %w", err)})
@@ -121,7 +163,7 @@ func (c *Conn) probeDoneLocked(wc verbs.WorkCompletion) {
 		c.failLocked(&kindError{ErrTransport, fmt.Errorf("the peer refused the keepalive probe, an RDMA READ: "+
 			"it accepts none (its ConnConfig.ResponderResources is negative): %w", &verbs.CompletionError{WC: wc})})
 	default:
-		c.failLocked(&kindError{ErrPeerUnresponsive, fmt.Errorf("the keepalive probe (a zero-length RDMA READ) failed: %w",
+		c.failLocked(&kindError{ErrPeerUnresponsive, fmt.Errorf("the keepalive probe (an RDMA READ) failed: %w",
 			&verbs.CompletionError{WC: wc})})
 	}
 }

@@ -3,9 +3,12 @@
 package msg
 
 import (
+	"bytes"
 	"fmt"
 	"os"
 	"os/exec"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -85,4 +88,93 @@ func TestKeepaliveNoticesASilentPeerIWARP(t *testing.T) {
 	assert.NoError(t, serr, "server:\n%s", sout)
 	// The client's link stayed up: only the probes can tell it.
 	assert.Contains(t, cout.String(), "saw the peer stop answering")
+}
+
+// Busy connections with a short keepalive stay up: the probes that go out
+// between bursts (and while the peer's device is busy sending) are valid
+// RDMA READs on both transports, and the peer's device answers them rather
+// than ending the connection with a TERMINATE (siw) or an error completion.
+// Several pairs trade messages of many sizes both ways, rest (so that
+// probes go out on a send queue whose slots held sends before), trade
+// again, and must lose nothing; on siw, the kernel log must not show a
+// TERMINATE.
+func TestKeepaliveKeepsBusyConnections(t *testing.T) {
+	forEachDevice(t, func(t *testing.T, d device) {
+		checkNoLeaks(t)
+		terms := kernelTerminates(t)
+		cfg := &Config{KeepAlive: 5 * time.Millisecond, KeepAliveTimeout: 5 * time.Second, MaxMessageSize: 16 << 10}
+		const pairs, rounds, perRound = 3, 3, 100
+		type end struct{ a, b *Conn }
+		ends := make([]end, pairs)
+		for i := range ends {
+			ends[i].a, ends[i].b = pair(t, d, cfg, cfg)
+		}
+		ctx := ctxFor(t, 3*time.Minute)
+		msgOf := func(i, n int) []byte {
+			p := make([]byte, 1+(n*7919)%(16<<10-1))
+			for j := range p {
+				p[j] = byte(i + n + j)
+			}
+			return p
+		}
+		var wg sync.WaitGroup
+		pump := func(i int, from, to *Conn, round int) {
+			defer wg.Done()
+			go func() {
+				for n := round * perRound; n < (round+1)*perRound; n++ {
+					if err := from.Send(ctx, msgOf(i, n)); err != nil {
+						t.Errorf("pair %d: send %d: %v", i, n, err)
+						return
+					}
+				}
+			}()
+			for n := round * perRound; n < (round+1)*perRound; n++ {
+				m, err := to.Recv(ctx)
+				if err != nil {
+					t.Errorf("pair %d: receive %d: %v", i, n, err)
+					return
+				}
+				ok := bytes.Equal(m.Bytes(), msgOf(i, n))
+				m.Release()
+				if !ok {
+					t.Errorf("pair %d: message %d arrived changed", i, n)
+					return
+				}
+			}
+		}
+		for round := range rounds {
+			for i, e := range ends {
+				wg.Add(2)
+				go pump(i, e.a, e.b, round)
+				go pump(i, e.b, e.a, round)
+			}
+			wg.Wait()
+			if t.Failed() {
+				break
+			}
+			// A rest: every end probes its silent peer.
+			time.Sleep(100 * time.Millisecond)
+		}
+		for i, e := range ends {
+			for _, c := range []*Conn{e.a, e.b} {
+				c.mu.Lock()
+				probes, failed := c.ka.probes, c.failed
+				c.mu.Unlock()
+				assert.NoError(t, failed, "pair %d", i)
+				assert.Greater(t, probes, 0, "pair %d: no probe went out", i)
+			}
+		}
+		assert.Equal(t, terms, kernelTerminates(t), "the kernel log shows siw TERMINATEs during the test:\n%s", kernelLog(t))
+	})
+}
+
+// kernelTerminates counts siw's "got TERMINATE" lines in the kernel log.
+func kernelTerminates(t *testing.T) int {
+	return strings.Count(kernelLog(t), "got TERMINATE")
+}
+
+func kernelLog(t *testing.T) string {
+	out, err := exec.Command("dmesg").CombinedOutput()
+	require.NoError(t, err, "dmesg: %s", out)
+	return string(out)
 }

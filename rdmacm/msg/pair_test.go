@@ -153,6 +153,9 @@ func TestTwoGuestsFaultMatrix(t *testing.T) {
 			// prefix of what was sent.
 			row.errors = "source: " + between(e.srcOut.String(), "send error: ", "; close:") +
 				" / sink: " + between(e.sinkOut.String(), "then: ", "\n")
+			if dev == "siw0" {
+				row.errors = siwFlapLimit + row.errors
+			}
 			row.lost = fmt.Sprintf("0 (failed: %d sent, the first %d arrived in order)", sent, got)
 			row.failed = true
 			assert.NotContains(t, e.sinkOut.String(), "altered or out of order")
@@ -166,12 +169,19 @@ func TestTwoGuestsFaultMatrix(t *testing.T) {
 			assert.True(t, survived, "%s source:\n%s\nsink:\n%s", dev, e.srcOut, e.sinkOut)
 			assert.Equal(t, sent, got, "%s: every message sent arrives", dev)
 		} else if !survived {
-			// siw (Linux 6.1) has been seen to end the connection (both
-			// ends DISCONNECTED) when its netdev goes down for 200 ms: a
-			// limitation of the device, which the table records. Each end
-			// must still learn of it, within the bound, and clean up.
+			// A known limit of siw, not of this library: siw ends every
+			// connection of a device whose netdev goes down, however
+			// briefly (see siwFlapLimit; TestSiwEndsConnectionsOnNetdevDown
+			// shows it in one guest, with no keepalive and a TCP path the
+			// flap does not touch). The table records it as such. Both
+			// ends must learn of it as that teardown (DISCONNECTED, not a
+			// probe's failure or a TERMINATE) and clean up.
 			assert.Contains(t, e.srcOut.String(), "send error: ", "the sender learns of the failure")
-			t.Logf("%s did not survive the flap:\n%s\n%s", dev, e.srcOut, e.sinkOut)
+			for _, out := range []*lockedOutput{e.srcOut, e.sinkOut} {
+				assert.Contains(t, out.String(), "DISCONNECTED",
+					"siw's netdev-down teardown shows as DISCONNECTED; any other failure is to be explained")
+			}
+			t.Logf("%s did not survive the flap (a siw limit):\n%s\n%s", dev, e.srcOut, e.sinkOut)
 		}
 	}
 
@@ -230,9 +240,21 @@ func TestTwoGuestsFaultMatrix(t *testing.T) {
 	conns = connectIdle(7810)
 	a.Kill()
 	killed := time.Now()
+	// Both ends are watched at once: each detection time is when its own
+	// failure showed, not after the other's client was waited for.
+	detected := map[string]time.Duration{}
+	for len(detected) < len(devs) && time.Since(killed) < keepaliveBound {
+		for _, dev := range devs {
+			if _, ok := detected[dev]; !ok && strings.Contains(conns[dev].cout.String(), "Recv failed") {
+				detected[dev] = time.Since(killed)
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 	for _, dev := range devs {
-		waitFor(t, conns[dev].cout, "Recv failed", keepaliveBound-time.Since(killed))
-		noticed("peer guest killed", dev, conns[dev], time.Since(killed))
+		d, ok := detected[dev]
+		require.True(t, ok, "%s: no failure within %v of the kill:\n%s", dev, keepaliveBound, conns[dev].cout)
+		noticed("peer guest killed", dev, conns[dev], d)
 	}
 	table.write(t, "faults-two-guests.md", "Faults across two guests (TestTwoGuestsFaultMatrix)",
 		fmt.Sprintf("Message connections (rdmacm/msg) from guest b to guest a, rxe on one link and siw on the other, with "+
@@ -241,6 +263,15 @@ func TestTwoGuestsFaultMatrix(t *testing.T) {
 			"QPs, CQs, MRs, PDs, fds, goroutines after Close). \"Lost\" is messages whose Send returned nil and that never "+
 			"reached the peer's Recv.", keepaliveTestConfig.KeepAlive, keepaliveTestConfig.KeepAliveTimeout))
 }
+
+// siwFlapLimit heads the siw flap row when the connection ended: on
+// NETDEV_GOING_DOWN siw_netdev_event (drivers/infiniband/sw/siw/siw_main.c,
+// Linux 6.1) schedules siw_netdev_down, which moves every QP of the device
+// to ERROR; from RTS that drops the connection (siw_qp_modify,
+// siw_qp_cm_drop), and both ends get DISCONNECTED, whatever TCP would
+// have survived.
+const siwFlapLimit = "known siw limit, not survivable: siw moves every QP of the device to ERROR when its netdev goes down " +
+	"(siw_netdev_down), so any flap ends its connections; what the ends saw: "
 
 // rxePanicked reports whether err is a guest lost to a kernel panic in
 // rdma_rxe (a function of the module in the trace, not just the module list).

@@ -25,6 +25,103 @@ import (
 	"github.com/rdmago/rdmago/test/testbed"
 )
 
+// The two tests below run before TestFaultMatrix, whose deleted devices
+// librdmacm lets go of later: a descriptor count across that would see it.
+
+// siw ends every connection of a device when the device's netdev goes
+// down, however briefly: on NETDEV_GOING_DOWN, siw_netdev_event
+// (drivers/infiniband/sw/siw/siw_main.c) schedules siw_netdev_down, which
+// moves each QP of the device to ERROR; from RTS that drops the
+// connection (siw_qp_modify, siw_qp_cm_drop), and both ends get
+// DISCONNECTED. Here the device (siw0) sits on a dummy netdev and the
+// connection is to its own address, so its TCP stream runs over the
+// loopback and a flap of the dummy touches nothing but siw: the
+// connection, idle and without keepalive probes, still ends, within a
+// second of the flap. This is the siw row of the two-guest flap
+// (TestTwoGuestsFaultMatrix); rxe keeps its QPs through a flap.
+func TestSiwEndsConnectionsOnNetdevDown(t *testing.T) {
+	d := siw(t)
+	netdev := testbed.Require(t).MustDevice(t, d.name).Netdev
+	t.Cleanup(func() { exec.Command("ip", "link", "set", netdev, "up").Run() })
+	snap, err := testbed.TakeSnapshot()
+	require.NoError(t, err)
+	client, server := openPair(t, d, nil) // no keepalive
+	ctx := ctxFor(t, time.Minute)
+	sent := sendNumbered(t, ctx, client, 5)
+	require.Equal(t, sent, receiveInOrder(t, ctx, server, sent))
+	failed := make(chan error, 2)
+	for _, c := range []*Conn{client, server} {
+		go func() { _, err := c.Recv(ctx); failed <- err }()
+	}
+	down := time.Now()
+	sh(t, "ip", "link", "set", netdev, "down")
+	time.Sleep(200 * time.Millisecond)
+	sh(t, "ip", "link", "set", netdev, "up")
+	for range 2 {
+		select {
+		case err := <-failed:
+			require.ErrorIs(t, err, rdmacm.ErrEnded)
+			t.Logf("%v after the link went down (down 200 ms): %v", time.Since(down).Round(time.Millisecond), err)
+			assert.Contains(t, err.Error(), "DISCONNECTED")
+		case <-time.After(20 * time.Second):
+			t.Fatalf("the connection outlived a 200 ms flap of siw's netdev by 20 s: siw no longer ends QPs " +
+				"on NETDEV_GOING_DOWN; see whether the two-guest flap row now survives on siw")
+		}
+	}
+	client.Close()
+	server.Close()
+	assert.Equal(t, "none", leaksSince(snap))
+
+	// The device itself is fine once the link is back: a new connection
+	// works.
+	time.Sleep(500 * time.Millisecond) // the port goes ACTIVE again
+	client, server = openPair(t, d, nil)
+	sent = sendNumbered(t, ctx, client, 5)
+	assert.Equal(t, sent, receiveInOrder(t, ctx, server, sent))
+}
+
+// A message Dial to a host that answers nothing returns when its context
+// ends, on iWARP too, where the kernel's rdma_connect blocks while it
+// connects the TCP stream; what the attempt held is released once that
+// call returns on its own (stream.Dial is this Dial underneath). The
+// address resolves (a permanent neighbour entry on rxe's veth; siw's
+// dummy netdev needs none) and its packets vanish; a short
+// net.ipv4.tcp_syn_retries makes the kernel give up within seconds.
+func TestDialSilentHostHonoursContext(t *testing.T) {
+	forEachDevice(t, func(t *testing.T, d device) {
+		checkNoLeaks(t)
+		ip := d.addr[:strings.LastIndexByte(d.addr, '.')] + ".78"
+		if !d.iwarp {
+			netdev := testbed.Require(t).MustDevice(t, d.name).Netdev
+			sh(t, "ip", "neigh", "replace", ip, "lladdr", "02:00:00:00:00:78", "dev", netdev, "nud", "permanent")
+			t.Cleanup(func() { exec.Command("ip", "neigh", "del", ip, "dev", netdev).Run() })
+		}
+		const knob = "/proc/sys/net/ipv4/tcp_syn_retries"
+		old, err := os.ReadFile(knob)
+		require.NoError(t, err)
+		require.NoError(t, os.WriteFile(knob, []byte("1"), 0o644))
+		t.Cleanup(func() { os.WriteFile(knob, old, 0o644) })
+		before := len(testbed.Goroutines())
+		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		defer cancel()
+		start := time.Now()
+		dl := &rdmacm.Dialer{ConnConfig: rdmacm.ConnConfig{ConnectTimeout: time.Minute}}
+		_, err = Dial(ctx, dl, fmt.Sprintf("%s:%d", ip, port()), &Config{KeepAlive: time.Second})
+		took := time.Since(start)
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+		t.Logf("after %v: %v", took.Round(time.Millisecond), err)
+		assert.Less(t, took, 2*time.Second, "the dial returns when its context ends")
+		// The leak check runs after the background release.
+		t.Cleanup(func() {
+			for start := time.Now(); time.Since(start) < 30*time.Second; time.Sleep(100 * time.Millisecond) {
+				if len(testbed.Goroutines()) <= before {
+					return
+				}
+			}
+		})
+	})
+}
+
 // TestFaultMatrix puts the faults one guest can stage to message
 // connections on rxe and siw, and records for each what the application
 // saw, how soon, what was left behind and what was lost:
