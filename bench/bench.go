@@ -1001,7 +1001,9 @@ func (b *bench) streams(ctx context.Context, devs map[string]string) error {
 		}
 	}
 	b.printf("\nRegistered memory per message connection (defaults: 32 credits, 32 send buffers, 16 KiB messages): " +
-		"(32+5) receive and (32+4) send buffers of 16 KiB plus the 12-byte header, rounded up to 64 bytes: about 1.2 MB.\n\n")
+		"(32+5) receive and (32+4) send buffers of 16 KiB plus the 12-byte header, rounded up to 64 bytes: about 1.2 MB. " +
+		"Per stream connection (the stream's defaults: 8 credits, 8 send buffers, 64 KiB messages): (8+5) receive and (8+4) " +
+		"send buffers of 64 KiB plus the header: about 1.6 MB. Each also registers 16 bytes for keepalive probes.\n\n")
 	b.counterTable("per 64 KiB write (stream), message (rate) and round trip", counters)
 	return nil
 }
