@@ -101,7 +101,10 @@ type ConnConfig struct {
 
 	// ConnectTimeout bounds the wait for the peer's reply (dialing) or its
 	// RTU (accepting), and for a multicast join; CloseTimeout the wait for
-	// DISCONNECTED after this side's disconnect. 2 s each by default.
+	// DISCONNECTED after this side's disconnect. 2 s each by default. On
+	// iWARP, where the connect call itself connects the TCP stream, a dial
+	// gives ConnectTimeout to that call and again to the reply: up to
+	// twice it in all.
 	ConnectTimeout time.Duration
 	CloseTimeout   time.Duration
 

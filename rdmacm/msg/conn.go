@@ -798,6 +798,12 @@ func (c *Conn) receiveLocked(ctx, end context.Context) error {
 		}
 		c.mu.Lock()
 		c.recvWaits--
+		if c.recvWaits == 0 && c.creditWaits > 0 && !c.loopOnCQ {
+			// This Recv gave up (its deadline) while the goroutine left
+			// the receive CQ to it: the Sends waiting for credit need the
+			// goroutine back on it, or the peer's CREDIT frame lies unread.
+			c.wakeLocked()
+		}
 		return err
 	}
 	drain := c.failed != nil
@@ -1023,8 +1029,10 @@ func (c *Conn) quit(err error) {
 	}
 	c.broadcastLocked()
 	c.mu.Unlock()
-	c.disconnect()
+	// A Recv waiting on the receive CQ learns of the failure now, not after
+	// the disconnect (up to CloseTimeout); it still takes what arrived.
 	c.rxEndCancel()
+	c.disconnect()
 }
 
 // flushedByEnd tells whether receives were flushed because the connection

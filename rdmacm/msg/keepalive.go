@@ -162,6 +162,11 @@ func (c *Conn) probeDoneLocked(wc verbs.WorkCompletion) {
 	case verbs.WCRemInvReqErr:
 		c.failLocked(&kindError{ErrTransport, fmt.Errorf("the peer refused the keepalive probe, an RDMA READ: "+
 			"it accepts none (its ConnConfig.ResponderResources is negative): %w", &verbs.CompletionError{WC: wc})})
+	case verbs.WCRemAccessErr:
+		// The device answered, so the peer is alive; what it named in its
+		// hello is not memory this side may read.
+		c.failLocked(&ProtocolError{What: fmt.Sprintf("a hello naming keepalive probe memory (key %#x, address %#x) "+
+			"that its device refuses to let this side read (%v)", c.ka.wr.RKey, c.ka.wr.RemoteAddr, &verbs.CompletionError{WC: wc})})
 	default:
 		c.failLocked(&kindError{ErrPeerUnresponsive, fmt.Errorf("the keepalive probe (an RDMA READ) failed: %w",
 			&verbs.CompletionError{WC: wc})})
