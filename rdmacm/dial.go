@@ -2,6 +2,8 @@ package rdmacm
 
 import (
 	"context"
+	"errors"
+	"syscall"
 
 	"github.com/rdmago/rdmago/verbs"
 )
@@ -56,17 +58,38 @@ func (d *Dialer) dial(ctx context.Context, t verbs.QPType, address string) (*con
 	if err != nil {
 		return nil, err
 	}
-	c, err := newConnector(address, &o)
-	if err != nil {
-		return nil, err
+	// On iWARP the connect call binds a TCP socket to the port the CM
+	// chose for the id, from the same range as the kernel's own TCP ports
+	// but without looking at them: a port held by a TCP socket (one in
+	// TIME_WAIT after an ordinary TCP client closed, say) makes it fail
+	// with EADDRINUSE. The dial then tries again on a new id, keeping the
+	// failed ones until it is over so that the CM picks another port.
+	var failed []*connector
+	defer func() {
+		for _, f := range failed {
+			f.Close()
+		}
+	}()
+	for {
+		c, err := newConnector(address, &o)
+		if err != nil {
+			return nil, err
+		}
+		conn, err := c.dial(ctx)
+		if err == nil {
+			return conn, nil
+		}
+		if !c.e.iwarp || !errors.Is(err, syscall.EADDRINUSE) || len(failed) == iwarpPortTries-1 || ctx.Err() != nil {
+			c.Close()
+			return nil, err
+		}
+		failed = append(failed, c)
 	}
-	conn, err := c.dial(ctx)
-	if err != nil {
-		c.Close()
-		return nil, err
-	}
-	return conn, nil
 }
+
+// iwarpPortTries is how many ports an iWARP dial tries when the TCP socket
+// cannot have the port the CM chose.
+const iwarpPortTries = 4
 
 // dial takes a new connector through the remaining steps.
 func (c *connector) dial(ctx context.Context) (*conn, error) {
