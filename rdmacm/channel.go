@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/rdmago/rdmago/internal/cma"
@@ -61,7 +62,9 @@ type rawEvent struct {
 // eventSource is an event channel as the dispatcher sees it: librdmacm's
 // (cmaSource), or a test's fake.
 type eventSource interface {
-	newID(token uint64, ps PortSpace) (cmHandle, error)
+	// newID creates c's id under c.token; its handle may live in c.raw,
+	// so that an id is one allocation.
+	newID(c *ID, ps PortSpace) (cmHandle, error)
 	// read waits for the next event, which it has already acked; an error
 	// means that none will come again.
 	read() (rawEvent, error)
@@ -86,12 +89,11 @@ type cmaSource struct {
 	fill    func() bool // fills batch; made once, not per wait
 }
 
-func (s *cmaSource) newID(token uint64, ps PortSpace) (cmHandle, error) {
-	id, err := s.ch.NewID(token, int(ps))
-	if err != nil {
+func (s *cmaSource) newID(c *ID, ps PortSpace) (cmHandle, error) {
+	if err := s.ch.NewID(&c.raw, c.token, int(ps)); err != nil {
 		return nil, err
 	}
-	return id, nil
+	return &c.raw, nil
 }
 
 func (s *cmaSource) close() {
@@ -150,6 +152,7 @@ type channel struct {
 
 	failed chan struct{} // closed when the source failed; err says why
 	err    error
+	dead   atomic.Bool // set with failed closed, for the lock-free checks
 	// released: the failed source was closed, its last id gone.
 	released bool
 }
@@ -163,6 +166,8 @@ func newChannel(src eventSource) *channel {
 var shared struct {
 	mu sync.Mutex
 	c  *channel
+	// ok is c while it has not failed: every NewID reads it without a lock.
+	ok atomic.Pointer[channel]
 }
 
 // Init opens librdmacm and the process's CM event channel, which Dial,
@@ -213,6 +218,9 @@ func noCgo(err error) error {
 // sharedChannel is the process's channel, made on first use, and again
 // after a channel failed.
 func sharedChannel() (*channel, error) {
+	if c := shared.ok.Load(); c != nil && !c.dead.Load() {
+		return c, nil
+	}
 	shared.mu.Lock()
 	defer shared.mu.Unlock()
 	if shared.c != nil {
@@ -235,6 +243,7 @@ func sharedChannel() (*channel, error) {
 		return nil, err
 	}
 	shared.c = newChannel(&cmaSource{ch: ch, w: w})
+	shared.ok.Store(shared.c)
 	return shared.c, nil
 }
 
@@ -281,12 +290,7 @@ func (ch *channel) remove(c *ID) {
 // its channel's descriptor, so the channel outlives its ids). The caller
 // holds mu.
 func (ch *channel) releasable() bool {
-	select {
-	case <-ch.failed:
-	default:
-		return false
-	}
-	if ch.released || ch.count > 0 {
+	if !ch.dead.Load() || ch.released || ch.count > 0 {
 		return false
 	}
 	ch.released = true
@@ -309,15 +313,13 @@ func (ch *channel) newID(ps PortSpace) (*ID, error) {
 	// Checked and registered under one lock: a channel failing meanwhile
 	// then sees the id and is not released under rdma_create_id.
 	ch.mu.Lock()
-	select {
-	case <-ch.failed:
+	if ch.dead.Load() {
 		ch.mu.Unlock()
 		return nil, ch.failure()
-	default:
 	}
 	c := ch.addLocked(ps)
 	ch.mu.Unlock()
-	h, err := ch.src.newID(c.token, ps)
+	h, err := ch.src.newID(c, ps)
 	if err != nil {
 		ch.remove(c)
 		return nil, fmt.Errorf("rdma_create_id %v: %w", ps, noCgo(err))
@@ -379,6 +381,7 @@ func (ch *channel) dispatch() {
 func (ch *channel) fail(err error) {
 	ch.mu.Lock()
 	ch.err = err
+	ch.dead.Store(true)
 	close(ch.failed)
 	ids := make([]*ID, 0, ch.count)
 	for _, c := range ch.ids {

@@ -30,8 +30,8 @@ func newFakeSource() *fakeSource {
 	return &fakeSource{events: make(chan rawEvent, 64), fail: make(chan error, 1)}
 }
 
-func (s *fakeSource) newID(token uint64, ps PortSpace) (cmHandle, error) {
-	return &fakeHandle{token: token, src: s}, nil
+func (s *fakeSource) newID(c *ID, ps PortSpace) (cmHandle, error) {
+	return &fakeHandle{token: c.token, src: s}, nil
 }
 
 func (s *fakeSource) read() (rawEvent, error) {
@@ -366,8 +366,8 @@ type strictSource struct {
 	t *testing.T
 }
 
-func (s *strictSource) newID(token uint64, ps PortSpace) (cmHandle, error) {
-	return &strictHandle{fakeHandle: fakeHandle{token: token}, t: s.t}, nil
+func (s *strictSource) newID(c *ID, ps PortSpace) (cmHandle, error) {
+	return &strictHandle{fakeHandle: fakeHandle{token: c.token}, t: s.t}, nil
 }
 
 // Close waits for a call in progress on another goroutine, and an event

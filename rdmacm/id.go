@@ -37,6 +37,7 @@ import (
 // its events go to whichever calls Event first.
 type ID struct {
 	h     cmHandle
+	raw   cma.ID // h's storage for an id of rdma_create_id (not a request's)
 	ch    *channel
 	token uint64 // the id's context: how the dispatcher finds it
 	ps    PortSpace

@@ -92,18 +92,25 @@ static int rdmago_get_events(uintptr_t chp, uintptr_t outp, int max) {
 
 // An id's context is the token that routes its events; librdmacm never
 // dereferences it.
-// It returns the id, or NULL with errno set. (The channel and the id travel
-// as integers: a C pointer argument costs cgo's check of whether it points
-// into Go memory on every call, and an out parameter in Go memory a heap
-// allocation.)
+// It returns the id, or on failure -errno cast to a pointer, as the
+// kernel's ERR_PTR does: the caller reads no errno, so the call is made
+// without cgo's errno form (which clears and saves errno around it). (The
+// channel and the id travel as integers: a C pointer argument costs cgo's
+// check of whether it points into Go memory on every call, and an out
+// parameter in Go memory a heap allocation.)
 static struct rdma_cm_id *rdmago_create_id(uintptr_t ch, uint64_t token, int ps) {
 	struct rdma_cm_id *id;
 	if (rdma_create_id((struct rdma_event_channel *)ch, &id, (void *)(uintptr_t)token, ps))
-		return NULL;
+		return (struct rdma_cm_id *)(intptr_t)-(errno ? errno : EIO);
 	return id;
 }
 
-static int rdmago_destroy_id(uintptr_t id) { return rdma_destroy_id((struct rdma_cm_id *)id); }
+// rdmago_destroy_id returns 0 or -errno.
+static int rdmago_destroy_id(uintptr_t id) {
+	if (rdma_destroy_id((struct rdma_cm_id *)id))
+		return -(errno ? errno : EIO);
+	return 0;
+}
 static int rdmago_resolve_route(uintptr_t id, int ms) { return rdma_resolve_route((struct rdma_cm_id *)id, ms); }
 static int rdmago_disconnect(uintptr_t id) { return rdma_disconnect((struct rdma_cm_id *)id); }
 
@@ -336,13 +343,16 @@ type ID struct {
 	ch *Channel
 }
 
-// NewID is rdma_create_id, with token as the id's context.
-func (c *Channel) NewID(token uint64, ps int) (*ID, error) {
-	id, err := C.rdmago_create_id(C.uintptr_t(uintptr(unsafe.Pointer(c.ch))), C.uint64_t(token), C.int(ps))
-	if id == nil {
-		return nil, errnoOf(err)
+// NewID is rdma_create_id, with token as the id's context: it fills in
+// into, which the caller allocates with its own state (one allocation per
+// id, not two).
+func (c *Channel) NewID(into *ID, token uint64, ps int) error {
+	id := C.rdmago_create_id(C.uintptr_t(uintptr(unsafe.Pointer(c.ch))), C.uint64_t(token), C.int(ps))
+	if v := uintptr(unsafe.Pointer(id)); v > ^uintptr(4095) { // -4095..-1: -errno
+		return syscall.Errno(-v)
 	}
-	return &ID{id: id, ch: c}, nil
+	*into = ID{id: id, ch: c}
+	return nil
 }
 
 // addr is the id's address as an integer, for the calls made often: see
@@ -354,8 +364,8 @@ func (i *ID) SetToken(token uint64) { C.rdmago_set_token(i.id, C.uint64_t(token)
 
 // Destroy is rdma_destroy_id.
 func (i *ID) Destroy() error {
-	if rc, err := C.rdmago_destroy_id(i.addr()); rc != 0 {
-		return errnoOf(err)
+	if rc := C.rdmago_destroy_id(i.addr()); rc != 0 {
+		return syscall.Errno(-rc)
 	}
 	return nil
 }

@@ -25,8 +25,8 @@ func (c *Channel) GetEvent() (Event, bool) { return Event{}, false }
 // EventBatch is the most events GetEvents reads in one crossing.
 const EventBatch = 16
 
-func (c *Channel) GetEvents(dst []Event) (int, bool, error) { return 0, false, nil }
-func (c *Channel) NewID(token uint64, ps int) (*ID, error)  { return nil, ibv.ErrNoCgo }
+func (c *Channel) GetEvents(dst []Event) (int, bool, error)   { return 0, false, nil }
+func (c *Channel) NewID(into *ID, token uint64, ps int) error { return ibv.ErrNoCgo }
 
 // Devices returns ibv.ErrNoCgo.
 func Devices() ([]*ibv.Context, error) { return nil, ibv.ErrNoCgo }
