@@ -33,6 +33,12 @@ type CQ struct {
 	// tryEvent reads one event for the poller's wait; made once, as a
 	// closure per wait would be allocated per wait.
 	tryEvent func() bool
+	// pw is the PollWait in progress, and tryPoll its step, made once.
+	// The completions land in pwBuf, not in the caller's slice, which
+	// kept by the CQ would move to the heap on every call.
+	pw      pollWait
+	pwBuf   []WorkCompletion
+	tryPoll func() bool
 
 	yield yielder // Poll yields through it
 }
@@ -60,6 +66,7 @@ func (d *Device) CreateCQ(entries int) (*CQ, error) {
 		return nil, e
 	}
 	c := &CQ{dev: d, cq: cq}
+	c.tryPoll = c.tryPollStep
 	c.tryEvent = func() bool {
 		if !cq.GetEvent() {
 			return false // none queued: wait in the poller
@@ -107,51 +114,89 @@ func (c *CQ) Wait(ctx context.Context) error {
 	if err := c.arm(); err != nil {
 		return err
 	}
-	return c.waitEvent(ctx)
+	return c.waitEvent(ctx, c.tryEvent)
 }
 
 // PollWait polls into wcs, and if the CQ is empty waits for completions
 // until at least one arrives or ctx ends. It arms the notification between
-// two polls, so a completion that lands just before arming is not missed;
-// poll, arming and second poll cost one crossing into C.
+// two polls, so a completion that lands just before arming is not missed.
+// Each step of the wait costs one crossing into C: the poll (and, on an
+// empty CQ, the arming and the second poll) before sleeping in the poller,
+// and the event's read with the next poll after a wake-up.
 func (c *CQ) PollWait(ctx context.Context, wcs []WorkCompletion) (int, error) {
 	if len(wcs) == 0 {
 		return 0, nil
 	}
-	for {
-		if n, err := c.pollArm(wcs); n > 0 || err != nil {
-			return n, err // an arming's event fires later and costs one spurious wake
+	if err := ctx.Err(); err != nil {
+		// What is there, without waiting; none is ctx's error.
+		if n, perr := c.Poll(wcs); n > 0 || perr != nil {
+			return n, perr
 		}
-		if err := c.waitEvent(ctx); err != nil {
-			return 0, err
-		}
+		return 0, err
 	}
+	c.yield.maybeYield()
+	if len(c.pwBuf) < len(wcs) {
+		c.pwBuf = make([]WorkCompletion, len(wcs))
+	}
+	c.pw = pollWait{max: len(wcs)}
+	err := c.waitEvent(ctx, c.tryPoll)
+	n, perr := c.pw.n, c.pw.err
+	c.pw = pollWait{}
+	switch {
+	case perr != nil:
+		return 0, perr
+	case err == nil:
+		return copy(wcs, c.pwBuf[:n]), nil
+	}
+	// The wait ended before the first step (ctx, or Close): what is
+	// there is still taken.
+	if n, perr := c.Poll(wcs); n > 0 {
+		return n, perr
+	}
+	return 0, err
 }
 
-// pollArm polls, and when the CQ is empty and not armed yet, arms it and
-// polls again.
-func (c *CQ) pollArm(wcs []WorkCompletion) (int, error) {
-	c.yield.maybeYield()
+// pollWait is the state of the PollWait in progress (one at a time).
+type pollWait struct {
+	max int // how many completions to take
+	n   int
+	err error
+}
+
+// tryPoll is PollWait's step, which the poller's wait calls first (after
+// it reset the descriptor's readiness: an event that comes after the
+// arming below wakes the wait) and after every wake-up: it reads the
+// event if the CQ is armed, polls, and arms the CQ again when it is empty.
+func (c *CQ) tryPollStep() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.cq == nil {
-		return 0, &OpError{Op: "ibv_poll_cq", Device: c.dev.Info.Name, Err: syscall.EBADF, Hint: "the CQ is closed"}
+		c.pw.err = &OpError{Op: "ibv_poll_cq", Device: c.dev.Info.Name, Err: syscall.EBADF, Hint: "the CQ is closed"}
+		return true
 	}
-	arm := !c.armed.Load()
-	n, err := c.cq.PollArm(unsafe.Slice((*ibv.WC)(unsafe.Pointer(&wcs[0])), len(wcs)), arm)
+	wcs := c.pwBuf[:c.pw.max]
+	armed := c.armed.Load()
+	n, event, armedNow, err := c.cq.EventPollArm(unsafe.Slice((*ibv.WC)(unsafe.Pointer(&wcs[0])), len(wcs)), armed)
 	if err != nil {
-		// Declared here: errors.As moves it to the heap, which every
-		// wait paid for when it was declared outside.
+		if event {
+			c.armed.Store(false)
+		}
 		var ne *ibv.NotifyError
 		if errors.As(err, &ne) {
-			return 0, &OpError{Op: "ibv_req_notify_cq", Device: c.dev.Info.Name, Err: ne.Err}
+			c.pw.err = &OpError{Op: "ibv_req_notify_cq", Device: c.dev.Info.Name, Err: ne.Err}
+		} else {
+			c.pw.err = &OpError{Op: "ibv_poll_cq", Device: c.dev.Info.Name, Err: err}
 		}
-		return 0, &OpError{Op: "ibv_poll_cq", Device: c.dev.Info.Name, Err: err}
+		return true
 	}
-	if arm && n == 0 {
+	switch {
+	case armedNow:
 		c.armed.Store(true)
+	case event:
+		c.armed.Store(false)
 	}
-	return n, nil
+	c.pw.n = n
+	return n > 0
 }
 
 func (c *CQ) arm() error {
@@ -185,14 +230,14 @@ func (c *CQ) waiter() (*fdwait.Waiter, error) {
 	return c.wait, nil
 }
 
-func (c *CQ) waitEvent(ctx context.Context) error {
+func (c *CQ) waitEvent(ctx context.Context, try func() bool) error {
 	c.waiting.RLock()
 	defer c.waiting.RUnlock()
 	w, err := c.waiter()
 	if err != nil {
 		return err
 	}
-	err = w.Wait(ctx, c.tryEvent)
+	err = w.Wait(ctx, try)
 	if err == nil {
 		return nil
 	}

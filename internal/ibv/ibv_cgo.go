@@ -167,6 +167,28 @@ static int rdmago_get_cq_event_u(uintptr_t ch) {
 	return rdmago_get_cq_event((struct ibv_comp_channel *)ch);
 }
 
+// One wait's step in one crossing: read the pending event if the CQ is
+// armed (flags bit 0; the channel is non-blocking), poll, and when the CQ
+// is empty and not armed (any more), arm it and poll again. The count of
+// completions comes back with bit 24 set when an event was read and bit
+// 25 when the CQ was armed here; errors as rdmago_poll_arm's, after
+// acking an event read (a lost ack would hang ibv_destroy_cq).
+static int rdmago_event_poll_arm(uintptr_t ch, uintptr_t cq, int n, uintptr_t scratch, uintptr_t out, int flags) {
+	int armed = flags & 1, ev = 0;
+	if (armed && rdmago_get_cq_event((struct ibv_comp_channel *)ch) == 0) {
+		ev = 1;
+		armed = 0;
+	}
+	int got = rdmago_poll_arm(cq, n, scratch, out, !armed);
+	if (got < 0) {
+		if (ev) {
+			ibv_ack_cq_events((struct ibv_cq *)cq, 1);
+		}
+		return got;
+	}
+	return got | ev << 24 | (!armed && got == 0) << 25;
+}
+
 // The fields of a received UD completion that ibv_init_ah_from_wc reads.
 static int rdmago_ah_from_wc(struct ibv_context *ctx, uint8_t port, uint32_t flags, uint32_t src_qp,
 		uint16_t slid, uint8_t sl, uint16_t pkey_index, struct ibv_grh *grh, struct ibv_ah_attr *out) {
@@ -585,6 +607,44 @@ func (c *CQ) PollArm(out []WC, arm bool) (n int, err error) {
 		return 0, &NotifyError{syscall.Errno(-2 - n)}
 	}
 	return n, nil
+}
+
+// EventPollArm is one step of a wait on an armed or unarmed CQ, in one
+// crossing: when armed, it reads the pending event off the (non-blocking)
+// channel, if one is there; then it polls into out, and when the CQ is
+// empty and not armed any more, it arms it and polls again. It reports
+// whether an event was read and whether the CQ was armed; errors are
+// PollArm's.
+func (c *CQ) EventPollArm(out []WC, armed bool) (n int, event, armedNow bool, err error) {
+	if len(out) > c.wcCap {
+		wc := (*C.struct_ibv_wc)(C.calloc(C.size_t(len(out)), C.sizeof_struct_ibv_wc))
+		if wc == nil {
+			return 0, false, false, syscall.ENOMEM
+		}
+		C.free(unsafe.Pointer(c.wc))
+		c.wc, c.wcCap = wc, len(out)
+	}
+	f := C.int(0)
+	if armed {
+		f = 1
+	}
+	r := int(C.rdmago_event_poll_arm(C.uintptr_t(uintptr(unsafe.Pointer(c.ch))), C.uintptr_t(uintptr(unsafe.Pointer(c.cq))),
+		C.int(len(out)), C.uintptr_t(uintptr(unsafe.Pointer(c.wc))), C.uintptr_t(uintptr(unsafe.Pointer(&out[0]))), f))
+	runtime.KeepAlive(out)
+	switch {
+	case r == -1:
+		return 0, false, false, syscall.EIO
+	case r < -1:
+		return 0, false, false, &NotifyError{syscall.Errno(-2 - r)}
+	}
+	if r&(1<<24) != 0 {
+		c.unacked++
+		if c.unacked >= 64 {
+			C.ibv_ack_cq_events(c.cq, c.unacked)
+			c.unacked = 0
+		}
+	}
+	return r & (1<<24 - 1), r&(1<<24) != 0, r&(1<<25) != 0, nil
 }
 
 // ReqNotify arms the CQ for the next completion.

@@ -861,6 +861,15 @@ func (c *Conn) tookLocked(wcs []verbs.WorkCompletion) {
 			return
 		}
 	}
+	// A release short of a batch waits for more; a peer that has since
+	// run short of credit gets it now, not only at the next release
+	// (which may not come while the application holds the rest).
+	if len(c.released) > 0 && c.led.starving() {
+		c.flushLocked(false)
+		if !c.sendCreditsLocked() {
+			c.wakeLocked() // its goroutine waits for a control buffer
+		}
+	}
 }
 
 // recvFailedLocked takes a receive that did not succeed: no more are taken.

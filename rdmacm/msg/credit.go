@@ -147,7 +147,7 @@ func (l *ledger) peerLeft() uint32 { return l.announced - l.received }
 
 // batch is how many grants a CREDIT frame waits for, and low how few
 // credits the peer may have left before any grant goes out at once.
-func (l *ledger) batch() uint32 { return max(1, l.credits/4) }
+func (l *ledger) batch() uint32 { return max(1, l.credits/2) }
 func (l *ledger) low() uint32   { return l.credits / 4 }
 
 // starving reports whether the peer is (nearly) out of credits; the one

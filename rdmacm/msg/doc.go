@@ -56,7 +56,7 @@
 // side hands out at most 4 at a time and keeps 4 receive buffers beyond its
 // credits for them, posting a CREDIT frame's buffer again as soon as it is
 // read. A CREDIT frame is sent only to pass on released buffers (a batch of
-// a quarter of the credits, or any when the peer is down to a quarter),
+// half the credits, or any when the peer is down to a quarter),
 // never to answer one, so CREDIT frames do not answer each other. Neither
 // side waits for ever: a sender out of credits gave reply slots with its
 // last frames, so its peer can send the grant as soon as its application
