@@ -585,13 +585,8 @@ func (c *CQ) Poll(out []WC) (int, error) {
 // (ibv_req_notify_cq) and polls again, all in one crossing. A failed
 // arming is a *NotifyError.
 func (c *CQ) PollArm(out []WC, arm bool) (n int, err error) {
-	if len(out) > c.wcCap {
-		wc := (*C.struct_ibv_wc)(C.calloc(C.size_t(len(out)), C.sizeof_struct_ibv_wc))
-		if wc == nil {
-			return 0, syscall.ENOMEM
-		}
-		C.free(unsafe.Pointer(c.wc))
-		c.wc, c.wcCap = wc, len(out)
+	if !c.scratchFor(len(out)) {
+		return 0, syscall.ENOMEM
 	}
 	a := C.int(0)
 	if arm {
@@ -600,6 +595,26 @@ func (c *CQ) PollArm(out []WC, arm bool) (n int, err error) {
 	n = int(C.rdmago_poll_arm(C.uintptr_t(uintptr(unsafe.Pointer(c.cq))), C.int(len(out)),
 		C.uintptr_t(uintptr(unsafe.Pointer(c.wc))), C.uintptr_t(uintptr(unsafe.Pointer(&out[0]))), a))
 	runtime.KeepAlive(out) // C wrote into it; the GC must not have freed it meanwhile
+	return polled(n)
+}
+
+// scratchFor makes the poll scratch (C memory) hold n completions; false
+// when it cannot be allocated.
+func (c *CQ) scratchFor(n int) bool {
+	if n > c.wcCap {
+		wc := (*C.struct_ibv_wc)(C.calloc(C.size_t(n), C.sizeof_struct_ibv_wc))
+		if wc == nil {
+			return false
+		}
+		C.free(unsafe.Pointer(c.wc))
+		c.wc, c.wcCap = wc, n
+	}
+	return true
+}
+
+// polled turns rdmago_poll_arm's result (a count, -1 for a failed poll,
+// -2-errno for a failed arming) into a count or an error.
+func polled(n int) (int, error) {
 	switch {
 	case n == -1:
 		return 0, syscall.EIO
@@ -609,6 +624,16 @@ func (c *CQ) PollArm(out []WC, arm bool) (n int, err error) {
 	return n, nil
 }
 
+// eventRead counts an event read off the channel; they are acked in
+// batches, as each ack takes the CQ's lock in libibverbs.
+func (c *CQ) eventRead() {
+	c.unacked++
+	if c.unacked >= 64 {
+		C.ibv_ack_cq_events(c.cq, c.unacked)
+		c.unacked = 0
+	}
+}
+
 // EventPollArm is one step of a wait on an armed or unarmed CQ, in one
 // crossing: when armed, it reads the pending event off the (non-blocking)
 // channel, if one is there; then it polls into out, and when the CQ is
@@ -616,13 +641,8 @@ func (c *CQ) PollArm(out []WC, arm bool) (n int, err error) {
 // whether an event was read and whether the CQ was armed; errors are
 // PollArm's.
 func (c *CQ) EventPollArm(out []WC, armed bool) (n int, event, armedNow bool, err error) {
-	if len(out) > c.wcCap {
-		wc := (*C.struct_ibv_wc)(C.calloc(C.size_t(len(out)), C.sizeof_struct_ibv_wc))
-		if wc == nil {
-			return 0, false, false, syscall.ENOMEM
-		}
-		C.free(unsafe.Pointer(c.wc))
-		c.wc, c.wcCap = wc, len(out)
+	if !c.scratchFor(len(out)) {
+		return 0, false, false, syscall.ENOMEM
 	}
 	f := C.int(0)
 	if armed {
@@ -631,20 +651,15 @@ func (c *CQ) EventPollArm(out []WC, armed bool) (n int, event, armedNow bool, er
 	r := int(C.rdmago_event_poll_arm(C.uintptr_t(uintptr(unsafe.Pointer(c.ch))), C.uintptr_t(uintptr(unsafe.Pointer(c.cq))),
 		C.int(len(out)), C.uintptr_t(uintptr(unsafe.Pointer(c.wc))), C.uintptr_t(uintptr(unsafe.Pointer(&out[0]))), f))
 	runtime.KeepAlive(out)
-	switch {
-	case r == -1:
-		return 0, false, false, syscall.EIO
-	case r < -1:
-		return 0, false, false, &NotifyError{syscall.Errno(-2 - r)}
+	if r < 0 {
+		n, err = polled(r)
+		return n, false, false, err
 	}
-	if r&(1<<24) != 0 {
-		c.unacked++
-		if c.unacked >= 64 {
-			C.ibv_ack_cq_events(c.cq, c.unacked)
-			c.unacked = 0
-		}
+	event = r&(1<<24) != 0
+	if event {
+		c.eventRead()
 	}
-	return r & (1<<24 - 1), r&(1<<24) != 0, r&(1<<25) != 0, nil
+	return r & (1<<24 - 1), event, r&(1<<25) != 0, nil
 }
 
 // ReqNotify arms the CQ for the next completion.
@@ -664,11 +679,7 @@ func (c *CQ) GetEvent() bool {
 	if C.rdmago_get_cq_event_u(C.uintptr_t(uintptr(unsafe.Pointer(c.ch)))) != 0 {
 		return false
 	}
-	c.unacked++
-	if c.unacked >= 64 {
-		C.ibv_ack_cq_events(c.cq, c.unacked)
-		c.unacked = 0
-	}
+	c.eventRead()
 	return true
 }
 
