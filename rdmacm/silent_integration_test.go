@@ -5,9 +5,6 @@ package rdmacm_test
 import (
 	"context"
 	"fmt"
-	"os"
-	"os/exec"
-	"strings"
 	"testing"
 	"time"
 
@@ -18,27 +15,10 @@ import (
 	"github.com/rdmago/rdmago/test/testbed"
 )
 
-// silentHost is an address on d's subnet that resolves (a permanent
-// neighbour entry on rxe's veth; siw's dummy netdev needs no neighbour)
-// and answers nothing: the packets go out and vanish. The neighbour entry
-// and a short net.ipv4.tcp_syn_retries (so that an iWARP connect the
-// kernel keeps trying gives up in about 3 s, not 2 minutes) last until
-// the test ends.
+// silentHost is an address on d's subnet that resolves and answers
+// nothing (testbed.SilentHost), with a port.
 func silentHost(t *testing.T, d device) string {
-	prefix := d.addr[:strings.LastIndexByte(d.addr, '.')]
-	ip := prefix + ".77"
-	if !d.iwarp {
-		netdev := testbed.Require(t).MustDevice(t, d.name).Netdev
-		out, err := exec.Command("ip", "neigh", "replace", ip, "lladdr", "02:00:00:00:00:77", "dev", netdev,
-			"nud", "permanent").CombinedOutput()
-		require.NoError(t, err, "%s", out)
-		t.Cleanup(func() { exec.Command("ip", "neigh", "del", ip, "dev", netdev).Run() })
-	}
-	const knob = "/proc/sys/net/ipv4/tcp_syn_retries"
-	old, err := os.ReadFile(knob)
-	require.NoError(t, err)
-	require.NoError(t, os.WriteFile(knob, []byte("1"), 0o644))
-	t.Cleanup(func() { os.WriteFile(knob, old, 0o644) })
+	ip := testbed.SilentHost(t, testbed.Require(t).MustDevice(t, d.name), 77)
 	return fmt.Sprintf("%s:%d", ip, port())
 }
 

@@ -84,29 +84,17 @@ func TestSiwEndsConnectionsOnNetdevDown(t *testing.T) {
 // ends, on iWARP too, where the kernel's rdma_connect blocks while it
 // connects the TCP stream; what the attempt held is released once that
 // call returns on its own (stream.Dial is this Dial underneath). The
-// address resolves (a permanent neighbour entry on rxe's veth; siw's
-// dummy netdev needs none) and its packets vanish; a short
-// net.ipv4.tcp_syn_retries makes the kernel give up within seconds.
+// address resolves and its packets vanish (testbed.SilentHost).
 func TestDialSilentHostHonoursContext(t *testing.T) {
 	forEachDevice(t, func(t *testing.T, d device) {
 		checkNoLeaks(t)
-		ip := d.addr[:strings.LastIndexByte(d.addr, '.')] + ".78"
-		if !d.iwarp {
-			netdev := testbed.Require(t).MustDevice(t, d.name).Netdev
-			sh(t, "ip", "neigh", "replace", ip, "lladdr", "02:00:00:00:00:78", "dev", netdev, "nud", "permanent")
-			t.Cleanup(func() { exec.Command("ip", "neigh", "del", ip, "dev", netdev).Run() })
-		}
-		const knob = "/proc/sys/net/ipv4/tcp_syn_retries"
-		old, err := os.ReadFile(knob)
-		require.NoError(t, err)
-		require.NoError(t, os.WriteFile(knob, []byte("1"), 0o644))
-		t.Cleanup(func() { os.WriteFile(knob, old, 0o644) })
+		ip := testbed.SilentHost(t, testbed.Require(t).MustDevice(t, d.name), 78)
 		before := len(testbed.Goroutines())
 		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 		defer cancel()
 		start := time.Now()
 		dl := &rdmacm.Dialer{ConnConfig: rdmacm.ConnConfig{ConnectTimeout: time.Minute}}
-		_, err = Dial(ctx, dl, fmt.Sprintf("%s:%d", ip, port()), &Config{KeepAlive: time.Second})
+		_, err := Dial(ctx, dl, fmt.Sprintf("%s:%d", ip, port()), &Config{KeepAlive: time.Second})
 		took := time.Since(start)
 		require.ErrorIs(t, err, context.DeadlineExceeded)
 		t.Logf("after %v: %v", took.Round(time.Millisecond), err)
