@@ -122,7 +122,8 @@ func (c *CQ) Wait(ctx context.Context) error {
 // two polls, so a completion that lands just before arming is not missed.
 // Each step of the wait costs one crossing into C: the poll (and, on an
 // empty CQ, the arming and the second poll) before sleeping in the poller,
-// and the event's read with the next poll after a wake-up.
+// and the event's read with the next poll after a wake-up. As with Wait,
+// one goroutine at a time may wait on a CQ; Poll may run beside it.
 func (c *CQ) PollWait(ctx context.Context, wcs []WorkCompletion) (int, error) {
 	if len(wcs) == 0 {
 		return 0, nil
