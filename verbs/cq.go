@@ -179,9 +179,9 @@ func (c *CQ) tryPollStep() bool {
 	armed := c.armed.Load()
 	n, event, armedNow, err := c.cq.EventPollArm(unsafe.Slice((*ibv.WC)(unsafe.Pointer(&wcs[0])), len(wcs)), armed)
 	if err != nil {
-		if event {
-			c.armed.Store(false)
-		}
+		// Whether an event was read before the failure is not reported:
+		// the next wait arms again, which costs at most a spurious wake-up.
+		c.armed.Store(false)
 		var ne *ibv.NotifyError
 		if errors.As(err, &ne) {
 			c.pw.err = &OpError{Op: "ibv_req_notify_cq", Device: c.dev.Info.Name, Err: ne.Err}
