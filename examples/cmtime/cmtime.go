@@ -141,10 +141,23 @@ func serve(ctx context.Context, c config, out io.Writer) error {
 type node struct {
 	id     *rdmacm.ID
 	qp     *verbs.QP
-	d      map[string]time.Duration
-	start  time.Time
-	tries  int // resolution retries left
+	d      [len(steps)]time.Duration
+	timed  uint32        // bit i: step i was timed
+	start  time.Duration // on now's clock
+	tries  int           // resolution retries left
 	failed bool
+}
+
+// add counts d to step i's time.
+func (n *node) add(i int, d time.Duration) {
+	n.d[i] += d
+	n.timed |= 1 << i
+}
+
+// took is the node's time in step s, and whether it ran it.
+func (n *node) took(s string) (time.Duration, bool) {
+	i := stepIndex(s)
+	return n.d[i], n.timed&(1<<i) != 0
 }
 
 // phase is one step for all connections, timed as a whole.
@@ -183,6 +196,29 @@ const (
 	stepEstablish    = "establish"
 )
 
+// steps numbers the steps: a connection's times live in an array indexed
+// by them, as C's do, so that timing a connection inside a step costs what
+// C's timing costs (no map update with a string key).
+var steps = [...]string{stepCreateID, stepResolveAddr, stepResolveRoute, stepCreateQP, stepConnect,
+	stepDisconnect, stepDestroy, stepInitQP, stepRTRQP, stepRTSQP, stepEstablish}
+
+// stepIndex is the step's number in steps.
+func stepIndex(s string) int {
+	for i, name := range steps {
+		if name == s {
+			return i
+		}
+	}
+	panic("cmtime: unknown step " + s)
+}
+
+// epoch is the origin of now.
+var epoch = time.Now()
+
+// now reads the monotonic clock alone (one vDSO call, as C's gettimeofday
+// is one), where time.Now reads the wall clock as well.
+func now() time.Duration { return time.Since(epoch) }
+
 // connectAll runs the C client's schedule on rdmacm's thin layer, from one
 // goroutine: each step for every connection before the next. The local
 // calls (create id, create qp, destroy) run one connection after another
@@ -218,9 +254,7 @@ func connectAll(ctx context.Context, c config) (*result, error) {
 		r.within = []string{stepInitQP, stepRTRQP, stepRTSQP, stepEstablish}
 	}
 	for i := range r.nodes {
-		// Room for every step, made before the clock starts: C times into
-		// a fixed array.
-		r.nodes[i] = &node{d: make(map[string]time.Duration, 16)}
+		r.nodes[i] = &node{}
 	}
 	to := netip.AddrPortFrom(dst, uint16(c.port))
 	timeout := time.Duration(c.timeout) * time.Millisecond
@@ -267,9 +301,9 @@ func connectAll(ctx context.Context, c config) (*result, error) {
 					return true, err
 				}
 			}
-			start := time.Now()
+			start := now()
 			err := n.id.Establish()
-			n.d[stepEstablish] += time.Since(start)
+			n.add(stepIndex(stepEstablish), now()-start)
 			return true, err
 		}
 		return true, unexpected(ev)
@@ -308,7 +342,7 @@ var qpCap = verbs.QPCap{MaxSendWR: 1, MaxRecvWR: 1, MaxSendSGE: 1, MaxRecvSGE: 1
 // move takes the node's own QP to state with the CM's attributes, timing
 // it as step (unless "").
 func (n *node) move(state verbs.QPState, step string) error {
-	start := time.Now()
+	start := now()
 	a, mask, err := n.id.InitQPAttr(state)
 	if err != nil {
 		return err
@@ -317,7 +351,7 @@ func (n *node) move(state verbs.QPState, step string) error {
 		return err
 	}
 	if step != "" {
-		n.d[step] += time.Since(start)
+		n.add(stepIndex(step), now()-start)
 	}
 	return nil
 }
@@ -351,11 +385,12 @@ func retrying(ok, fail rdmacm.EventType, again func(*node) error) func(*node, *r
 // local runs a step that waits for nothing, for every connection in a
 // loop, timing the phase and each connection.
 func (r *result) local(s string, f func(*node) error) {
+	i := stepIndex(s)
 	begin := time.Now()
 	for _, n := range r.live() {
-		start := time.Now()
+		start := now()
 		err := f(n)
-		n.d[s] += time.Since(start)
+		n.add(i, now()-start)
 		r.check(n, err)
 	}
 	r.phases = append(r.phases, phase{s, time.Since(begin)})
@@ -365,9 +400,10 @@ func (r *result) local(s string, f func(*node) error) {
 // request, then one that takes each connection's answer (answer reports
 // whether the step is done, or sent its request again).
 func (r *result) network(ctx context.Context, s string, send func(*node) error, answer func(*node, *rdmacm.Event) (bool, error)) {
+	i := stepIndex(s)
 	begin := time.Now()
 	for _, n := range r.live() {
-		n.start = time.Now()
+		n.start = now()
 		r.check(n, send(n))
 	}
 	for _, n := range r.live() {
@@ -379,7 +415,7 @@ func (r *result) network(ctx context.Context, s string, send func(*node) error, 
 			}
 			done, err := answer(n, ev)
 			if done || err != nil {
-				n.d[s] += time.Since(n.start)
+				n.add(i, now()-n.start)
 				r.check(n, err)
 				break
 			}
@@ -451,8 +487,8 @@ func (q *sharedCQs) charge(r *result) {
 		}
 	}
 	for _, n := range r.nodes {
-		if _, ok := n.d[stepCreateQP]; ok {
-			n.d[stepCreateQP] += q.took
+		if _, ok := n.took(stepCreateQP); ok {
+			n.add(stepIndex(stepCreateQP), q.took)
 			return
 		}
 	}
@@ -510,7 +546,7 @@ func (r *result) rows() []row {
 		w := row{step: s, min: -1}
 		seen := false
 		for _, n := range r.nodes {
-			if d, ok := n.d[s]; ok {
+			if d, ok := n.took(s); ok {
 				seen = true
 				w.max = max(w.max, d)
 				if w.min < 0 || d < w.min {

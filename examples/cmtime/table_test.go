@@ -9,7 +9,13 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-func nodeWith(d map[string]time.Duration) *node { return &node{d: d} }
+func nodeWith(d map[string]time.Duration) *node {
+	n := &node{}
+	for s, t := range d {
+		n.add(stepIndex(s), t)
+	}
+	return n
+}
 
 // A phase's row is its wall time; a step run inside other phases sums the
 // connections' times; max and min are one connection's.
