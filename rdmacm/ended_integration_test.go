@@ -210,3 +210,44 @@ func TestDialerLearnsThatTheListenerGaveUp(t *testing.T) {
 	}
 	require.NotZero(t, gaveUp, "no accept timed out after its dial returned")
 }
+
+// Both ends closing at once, many times over, this side in half the rounds
+// woken by the flush of its receive and giving up its own disconnect at
+// once: the dispatcher then answers the peer's disconnect (rdma_disconnect
+// moves the QP) while this side's Close destroys the QP. Neither may
+// crash, fail or leak. (The race inside, which crashed a soak under
+// rdmacm/msg, is pinned down by TestIDDisconnectMeetsQPClose.)
+func TestClosingWhileThePeerCloses(t *testing.T) {
+	forEachDevice(t, func(t *testing.T, d device) {
+		checkNoLeaks(t)
+		l, addr := listen(t, d, nil)
+		gaveUp, cancel := context.WithCancel(context.Background())
+		cancel()
+		for i := range 100 {
+			client, server := connect(t, l.Accept, func(ctx context.Context) (*rdmacm.Conn, error) {
+				return (&rdmacm.Dialer{}).Dial(ctx, addr)
+			})
+			mr, err := client.RegisterMemory(4096, access)
+			require.NoError(t, err)
+			require.NoError(t, client.PostRecv(mr, 0, 64))
+			recv := make(chan error, 1)
+			go func() {
+				_, err := client.Recv(ctxFor(t, 30*time.Second))
+				recv <- err
+			}()
+			serverErr := make(chan error, 1)
+			go func() { serverErr <- server.Close() }()
+			var recvErr error
+			if i%2 == 0 {
+				recvErr = <-recv // the peer's disconnect flushed it
+				client.Disconnect(gaveUp)
+			}
+			require.NoError(t, client.Close(), "round %d: the client's Close", i)
+			require.NoError(t, <-serverErr, "round %d: the server's Close", i)
+			if i%2 == 1 {
+				recvErr = <-recv
+			}
+			require.Error(t, recvErr, "round %d: the client's Recv", i)
+		}
+	})
+}

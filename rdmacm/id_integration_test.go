@@ -343,3 +343,46 @@ func TestIDRefusesPrivateDataPastTheLimit(t *testing.T) {
 		assert.True(t, bytes.HasPrefix(ev.PrivateData, want), "the reject carries what was sent")
 	})
 }
+
+// rdma_disconnect moves the id's QP (to ERR, or SQD on iWARP) inside
+// librdmacm; a connection's Close may destroy that QP on another goroutine
+// at the same moment (the dispatcher answering a peer's disconnect while
+// the application closes). Neither may see the QP freed under it: this
+// crashed the process (SIGSEGV in rdma_disconnect) in a soak and in
+// streambench before the two were serialized. Not connected here, so that
+// the race itself is all a round costs: the disconnect fails on its own.
+func TestIDDisconnectMeetsQPClose(t *testing.T) {
+	forEachDevice(t, func(t *testing.T, d device) {
+		checkNoLeaks(t)
+		ctx := ctxFor(t, 60*time.Second)
+		dst := netip.MustParseAddrPort(d.at(port()))
+		dev, err := resolved(t, ctx, dst).Device()
+		require.NoError(t, err)
+		pd, err := dev.AllocPD()
+		require.NoError(t, err)
+		cq, err := dev.CreateCQ(8)
+		require.NoError(t, err)
+		defer func() {
+			assert.NoError(t, cq.Close())
+			assert.NoError(t, pd.Close())
+		}()
+		for i := range 500 {
+			id, err := rdmacm.NewID(rdmacm.PortSpaceTCP)
+			require.NoError(t, err)
+			require.NoError(t, id.ResolveAddr(netip.Addr{}, dst, 2*time.Second))
+			event(t, ctx, id, rdmacm.EventAddrResolved)
+			qp, err := id.CreateQP(pd, verbs.QPInit{Type: verbs.QPTypeRC, SendCQ: cq, RecvCQ: cq, Cap: verbsCap(1)})
+			require.NoError(t, err, "round %d", i)
+			start := make(chan struct{})
+			closed := make(chan error, 1)
+			go func() {
+				<-start
+				closed <- qp.Close()
+			}()
+			close(start)
+			id.Disconnect() // fails: not connected; its QP move is what counts
+			require.NoError(t, <-closed, "round %d: the QP's Close", i)
+			require.NoError(t, id.Close(), "round %d", i)
+		}
+	})
+}

@@ -224,11 +224,14 @@ type Channel struct {
 	ev *C.struct_rdmago_event // the copy-out buffer, C memory: EventBatch entries
 
 	// qps is held while an event is read, while a QP librdmacm made is
-	// created and while one leaves its id to be destroyed:
-	// rdma_get_cm_event moves an id's QP itself (CONNECT_RESPONSE,
-	// REJECTED, MULTICAST_JOIN), which must not meet the QP's destroy on
-	// another thread. Reading an event never blocks; a QP's destroy can,
-	// and happens outside.
+	// created and while one leaves its id to be destroyed, and around
+	// rdma_disconnect and rdma_establish: rdma_get_cm_event moves an id's
+	// QP itself (CONNECT_RESPONSE, REJECTED, MULTICAST_JOIN), the
+	// dispatcher answers a peer's disconnect (moving the QP) while the
+	// connection may be closing on another goroutine, and none of these
+	// may meet the QP's destroy on another thread. None of them blocks on
+	// an asynchronous id; a QP's destroy can, and happens outside. (Not
+	// around rdma_connect: siw's TCP connect inside it blocks.)
 	qps sync.Mutex
 }
 
@@ -521,16 +524,24 @@ func (i *ID) Reject(data []byte) error {
 	return nil
 }
 
-// Disconnect is rdma_disconnect.
+// Disconnect is rdma_disconnect. It moves the id's QP to the error state
+// (InfiniBand, RoCE) or SQD (iWARP) under qps: a QP destroyed on another
+// thread meanwhile (its connection's Close, while the dispatcher answers
+// the peer's disconnect) is either still whole or already gone from the
+// id, never freed under the call.
 func (i *ID) Disconnect() error {
+	i.ch.qps.Lock()
+	defer i.ch.qps.Unlock()
 	if rc, err := C.rdmago_disconnect(i.addr()); rc != 0 {
 		return errnoOf(err)
 	}
 	return nil
 }
 
-// Establish is rdma_establish.
+// Establish is rdma_establish; it moves the id's QP, under qps.
 func (i *ID) Establish() error {
+	i.ch.qps.Lock()
+	defer i.ch.qps.Unlock()
 	if rc, err := C.rdma_establish(i.id); rc != 0 {
 		return errnoOf(err)
 	}
@@ -563,7 +574,7 @@ func (i *ID) CreateQP(pd *ibv.PD, scq, rcq *ibv.CQ, qpType int, cp ibv.QPCap, si
 		return nil, errnoOf(err)
 	}
 	id, ch, qp := i.id, i.ch, i.id.qp
-	return ibv.AdoptQP(unsafe.Pointer(qp), func() {
+	return ibv.AdoptQP(unsafe.Pointer(qp), func() error {
 		// rdma_destroy_qp in two steps (the CQs are the caller's, so it
 		// has none of its own to destroy): the QP leaves its id under the
 		// lock, as an event being read may move it, and is destroyed
@@ -571,11 +582,22 @@ func (i *ID) CreateQP(pd *ibv.PD, scq, rcq *ibv.CQ, qpType int, cp ibv.QPCap, si
 		// pending waits for the MPA exchange to end (about 10 s on siw):
 		// under the lock, every id's events waited with it.
 		ch.qps.Lock()
-		if id.qp == qp {
+		left := id.qp == qp
+		if left {
 			id.qp = nil
 		}
 		ch.qps.Unlock()
-		C.ibv_destroy_qp(qp)
+		if rc := C.ibv_destroy_qp(qp); rc != 0 {
+			// Still there (EBUSY while the kernel runs another command on
+			// it): back into its id, for a later try or the id's end.
+			ch.qps.Lock()
+			if left && id.qp == nil {
+				id.qp = qp
+			}
+			ch.qps.Unlock()
+			return syscall.Errno(rc)
+		}
+		return nil
 	}), nil
 }
 

@@ -725,7 +725,7 @@ func (a *AH) Destroy() error {
 // QP is a queue pair, with C scratch memory for posting in one crossing.
 type QP struct {
 	p       *C.struct_ibv_qp
-	destroy func() // adopted QPs: the owner's destroy
+	destroy func() error // adopted QPs: the owner's destroy
 
 	sdesc *C.struct_rdmago_swr
 	swrs  *C.struct_ibv_send_wr
@@ -756,7 +756,7 @@ func (p *PD) CreateQP(init *QPInit) (*QP, error) {
 
 // AdoptQP wraps a struct ibv_qp another library created; Destroy calls
 // destroy instead of ibv_destroy_qp.
-func AdoptQP(p unsafe.Pointer, destroy func()) *QP {
+func AdoptQP(p unsafe.Pointer, destroy func() error) *QP {
 	return &QP{p: (*C.struct_ibv_qp)(p), destroy: destroy}
 }
 
@@ -869,7 +869,9 @@ func (q *QP) PostRecv(n int) (bad int, err error) {
 // scratch.
 func (q *QP) Destroy() error {
 	if q.destroy != nil {
-		q.destroy()
+		if err := q.destroy(); err != nil {
+			return err
+		}
 	} else if rc := C.ibv_destroy_qp(q.p); rc != 0 {
 		return syscall.Errno(rc)
 	}

@@ -78,7 +78,7 @@ func (a *AH) Destroy() error  { return nil }
 type QP struct{}
 
 // AdoptQP is never reached in this build.
-func AdoptQP(p unsafe.Pointer, destroy func()) *QP { return &QP{} }
+func AdoptQP(p unsafe.Pointer, destroy func() error) *QP { return &QP{} }
 
 func (q *QP) Num() uint32                                     { return 0 }
 func (q *QP) State() int                                      { return 0 }
