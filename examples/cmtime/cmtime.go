@@ -202,6 +202,9 @@ const (
 var steps = [...]string{stepCreateID, stepResolveAddr, stepResolveRoute, stepCreateQP, stepConnect,
 	stepDisconnect, stepDestroy, stepInitQP, stepRTRQP, stepRTSQP, stepEstablish}
 
+// A node's timed steps are bits of a uint32.
+var _ [32 - len(steps)]struct{}
+
 // stepIndex is the step's number in steps.
 func stepIndex(s string) int {
 	for i, name := range steps {
@@ -301,9 +304,10 @@ func connectAll(ctx context.Context, c config) (*result, error) {
 					return true, err
 				}
 			}
+			i := stepIndex(stepEstablish)
 			start := now()
 			err := n.id.Establish()
-			n.add(stepIndex(stepEstablish), now()-start)
+			n.add(i, now()-start)
 			return true, err
 		}
 		return true, unexpected(ev)
@@ -342,6 +346,10 @@ var qpCap = verbs.QPCap{MaxSendWR: 1, MaxRecvWR: 1, MaxSendSGE: 1, MaxRecvSGE: 1
 // move takes the node's own QP to state with the CM's attributes, timing
 // it as step (unless "").
 func (n *node) move(state verbs.QPState, step string) error {
+	i := -1
+	if step != "" {
+		i = stepIndex(step)
+	}
 	start := now()
 	a, mask, err := n.id.InitQPAttr(state)
 	if err != nil {
@@ -350,8 +358,8 @@ func (n *node) move(state verbs.QPState, step string) error {
 	if err := n.qp.Modify(&a, mask); err != nil {
 		return err
 	}
-	if step != "" {
-		n.add(stepIndex(step), now()-start)
+	if i >= 0 {
+		n.add(i, now()-start)
 	}
 	return nil
 }

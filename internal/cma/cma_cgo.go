@@ -224,14 +224,12 @@ type Channel struct {
 	ev *C.struct_rdmago_event // the copy-out buffer, C memory: EventBatch entries
 
 	// qps is held while an event is read, while a QP librdmacm made is
-	// created and while one leaves its id to be destroyed, and around
-	// rdma_disconnect and rdma_establish: rdma_get_cm_event moves an id's
-	// QP itself (CONNECT_RESPONSE, REJECTED, MULTICAST_JOIN), the
-	// dispatcher answers a peer's disconnect (moving the QP) while the
-	// connection may be closing on another goroutine, and none of these
-	// may meet the QP's destroy on another thread. None of them blocks on
-	// an asynchronous id; a QP's destroy can, and happens outside. (Not
-	// around rdma_connect: siw's TCP connect inside it blocks.)
+	// created and while one leaves its id to be destroyed:
+	// rdma_get_cm_event moves an id's QP itself (CONNECT_RESPONSE,
+	// REJECTED, MULTICAST_JOIN), which must not meet the QP's destroy on
+	// another thread. Reading an event never blocks; a QP's destroy can,
+	// and happens outside. (The calls on one id that use its QP take the
+	// id's qpMu instead.)
 	qps sync.Mutex
 }
 
@@ -344,6 +342,18 @@ func ReleaseDeadDevices() {
 type ID struct {
 	id *C.struct_rdma_cm_id
 	ch *Channel
+
+	// qpMu is held by the calls that use the QP librdmacm made for the
+	// id (rdma_connect and rdma_accept read it and move it,
+	// rdma_disconnect moves it, rdma_leave_multicast detaches it) and by
+	// that QP's destroy: a QP closed on one goroutine while another
+	// disconnects (a connection's Close, while the dispatcher answers the
+	// peer's disconnect) is either still whole or already gone from the
+	// id, never freed under the call. Per id, not the channel's qps: on
+	// iWARP rdma_connect (siw's TCP connect) and rdma_disconnect (while a
+	// connect is pending) can block, and must not stop every id's events.
+	qpMu sync.Mutex
+	gone bool // rdma_destroy_id freed the id: its QP's destroy must not read it
 }
 
 // NewID is rdma_create_id, with token as the id's context: it fills in
@@ -367,9 +377,12 @@ func (i *ID) SetToken(token uint64) { C.rdmago_set_token(i.id, C.uint64_t(token)
 
 // Destroy is rdma_destroy_id.
 func (i *ID) Destroy() error {
+	i.qpMu.Lock()
+	defer i.qpMu.Unlock()
 	if rc := C.rdmago_destroy_id(i.addr()); rc != 0 {
 		return syscall.Errno(-rc)
 	}
+	i.gone = true
 	return nil
 }
 
@@ -501,6 +514,8 @@ func (i *ID) Connect(accept bool, p ConnParam, data []byte) error {
 	if len(data) > 255 {
 		return syscall.EINVAL // the length is 8 bits: more would be cut short
 	}
+	i.qpMu.Lock()
+	defer i.qpMu.Unlock()
 	if rc, err := C.rdmago_connect(i.id, a, dp, C.uint8_t(len(data)), C.uint8_t(p.ResponderResources),
 		C.uint8_t(p.InitiatorDepth), cbool(p.FlowControl), C.uint8_t(p.RetryCount), C.uint8_t(p.RNRRetryCount),
 		cbool(p.SRQ), C.uint32_t(p.QPNum)); rc != 0 {
@@ -524,24 +539,20 @@ func (i *ID) Reject(data []byte) error {
 	return nil
 }
 
-// Disconnect is rdma_disconnect. It moves the id's QP to the error state
-// (InfiniBand, RoCE) or SQD (iWARP) under qps: a QP destroyed on another
-// thread meanwhile (its connection's Close, while the dispatcher answers
-// the peer's disconnect) is either still whole or already gone from the
-// id, never freed under the call.
+// Disconnect is rdma_disconnect; it moves the id's QP to the error state
+// (InfiniBand, RoCE) or SQD (iWARP), under qpMu.
 func (i *ID) Disconnect() error {
-	i.ch.qps.Lock()
-	defer i.ch.qps.Unlock()
+	i.qpMu.Lock()
+	defer i.qpMu.Unlock()
 	if rc, err := C.rdmago_disconnect(i.addr()); rc != 0 {
 		return errnoOf(err)
 	}
 	return nil
 }
 
-// Establish is rdma_establish; it moves the id's QP, under qps.
+// Establish is rdma_establish (for an id without a QP of librdmacm's: it
+// moves no QP).
 func (i *ID) Establish() error {
-	i.ch.qps.Lock()
-	defer i.ch.qps.Unlock()
 	if rc, err := C.rdma_establish(i.id); rc != 0 {
 		return errnoOf(err)
 	}
@@ -577,24 +588,32 @@ func (i *ID) CreateQP(pd *ibv.PD, scq, rcq *ibv.CQ, qpType int, cp ibv.QPCap, si
 	return ibv.AdoptQP(unsafe.Pointer(qp), func() error {
 		// rdma_destroy_qp in two steps (the CQs are the caller's, so it
 		// has none of its own to destroy): the QP leaves its id under the
-		// lock, as an event being read may move it, and is destroyed
-		// outside it. On iWARP the destroy of a QP whose connect is still
-		// pending waits for the MPA exchange to end (about 10 s on siw):
-		// under the lock, every id's events waited with it.
-		ch.qps.Lock()
-		left := id.qp == qp
-		if left {
-			id.qp = nil
-		}
-		ch.qps.Unlock()
-		if rc := C.ibv_destroy_qp(qp); rc != 0 {
-			// Still there (EBUSY while the kernel runs another command on
-			// it): back into its id, for a later try or the id's end.
+		// channel's lock, as an event being read may move it, and is
+		// destroyed outside it. On iWARP the destroy of a QP whose
+		// connect is still pending waits for the MPA exchange to end
+		// (about 10 s on siw): under the channel's lock, every id's events
+		// waited with it. The id's own qpMu is held throughout.
+		i.qpMu.Lock()
+		defer i.qpMu.Unlock()
+		left := false
+		if !i.gone {
 			ch.qps.Lock()
-			if left && id.qp == nil {
-				id.qp = qp
+			if left = id.qp == qp; left {
+				id.qp = nil
 			}
 			ch.qps.Unlock()
+		}
+		if rc := C.ibv_destroy_qp(qp); rc != 0 {
+			// Still there (EBUSY: attached to a multicast group, or
+			// another command on it): back into its id, which a leave or
+			// the id's end needs, for a later try.
+			if left {
+				ch.qps.Lock()
+				if id.qp == nil {
+					id.qp = qp
+				}
+				ch.qps.Unlock()
+			}
 			return syscall.Errno(rc)
 		}
 		return nil
@@ -615,6 +634,8 @@ func (i *ID) JoinMulticast(group netip.Addr, scope uint32) error {
 func (i *ID) LeaveMulticast(group netip.Addr, scope uint32) error {
 	var ss C.struct_sockaddr_storage
 	toSockaddr(SockAddr{AP: netip.AddrPortFrom(group, 0), Scope: scope}, &ss)
+	i.qpMu.Lock()
+	defer i.qpMu.Unlock()
 	if rc, err := C.rdma_leave_multicast(i.id, (*C.struct_sockaddr)(unsafe.Pointer(&ss))); rc != 0 {
 		return errnoOf(err)
 	}
