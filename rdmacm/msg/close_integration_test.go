@@ -179,7 +179,7 @@ func TestFailureDeliversWhatArrived(t *testing.T) {
 			time.Sleep(20 * time.Millisecond)
 			client.mu.Lock()
 			client.reapLocked()
-			sent = len(client.freeSend) == client.nSend
+			sent = client.inSQ == 0 // 1000-byte messages ask for their completions
 			client.mu.Unlock()
 		}
 		time.Sleep(200 * time.Millisecond) // and siw's receive side has placed them

@@ -28,7 +28,11 @@ type Config struct {
 	Credits int
 	// SendBuffers is how many messages this side may have in flight
 	// (default 32): Send copies each into one of that many registered
-	// buffers, free again when the device has sent it.
+	// buffers, free again when the device has sent it. When SendBuffers is
+	// at least the peer's Credits, messages of 4 KiB or more mostly go
+	// without a completion of their own (siw then sends them from the
+	// buffer rather than copying them), and their buffers are free again
+	// once the peer's grant shows they arrived.
 	SendBuffers int
 	// CloseTimeout bounds how long Close waits to pass the end of the
 	// stream (FIN) and the messages still in flight to the peer (default
@@ -178,7 +182,24 @@ type Conn struct {
 	queueBuf     []*Message // queue's array, taken again whenever it empties
 	freeSend     []int
 	freeCtl      []int
-	released     []int // receive buffers given back, to post again
+	// Large data frames go without a completion of their own when
+	// zeroCopy (see unsignaledMin). Their buffers are free again only once
+	// both hold: a later send's completion took the work request off the
+	// send queue (unsignaled, in post order), and the peer's grant shows
+	// it received the frame (awaitGrant, in post order).
+	zeroCopy   bool
+	unsignaled []int
+	awaitGrant []int
+	inSQ       int // data send buffers whose work request is on the send queue
+	posts      uint64
+	framesOut  uint32 // credit-using frames posted
+	// By send buffer, for the frame in it: posts and framesOut when it
+	// was posted, and whether it asked for a completion.
+	postSeq  []uint64
+	frameSeq []uint32
+	signaled []bool
+	ctlSeq   [replySlots]uint64
+	released []int // receive buffers given back, to post again
 	// The work requests that post them, kept for the next time.
 	repost     []verbs.RecvWR
 	repostSGEs []verbs.SGE
@@ -223,8 +244,10 @@ type Conn struct {
 	// the receive CQ, which it then leaves to them.
 	creditWaits int
 	recvWaits   int
-	wake        context.CancelFunc
-	wakeReq     bool
+	// bufWaits: Sends waiting for a send buffer.
+	bufWaits int
+	wake     context.CancelFunc
+	wakeReq  bool
 	// fault, set by tests only, makes housekeep fail with it: the
 	// failures it stands for (a post the device refuses) cannot be had
 	// on demand.
@@ -280,6 +303,15 @@ func newConn(rc *rdmacm.Conn, o *Config, local, peer hello, pool, probe *verbs.M
 		return nil, fmt.Errorf("register %d send buffers of %d bytes: %w", c.nSend+replySlots, c.sendSize, err)
 	}
 	c.sendMR = mr
+	c.postSeq, c.frameSeq, c.signaled = make([]uint64, c.nSend), make([]uint32, c.nSend), make([]bool, c.nSend)
+	// Reuse then waits for the peer's grants. With at least as many buffers
+	// as the peer has credits for messages (its hello counts one more, kept
+	// for FIN), buffers waiting for grants leave this side nearly out of
+	// credit as well, and a Send waiting for credit has the grants read
+	// (creditWaits). With fewer, a Send that also receives would leave
+	// grants unread, and the sends would go one completion at a time.
+	c.zeroCopy = c.nSend >= int(peer.credits)-1
+	c.unsignaled, c.awaitGrant = make([]int, 0, c.nSend), make([]int, 0, c.nSend)
 	for i := c.nSend - 1; i >= 0; i-- {
 		c.freeSend = append(c.freeSend, i)
 	}
@@ -433,7 +465,13 @@ func (c *Conn) sendFrame(ctx context.Context, op string, t frameType, p []byte, 
 			c.flushLocked(true)
 			h := c.led.header(t)
 			h.length = uint32(len(p))
-			err := c.postLocked(uint64(slot), off, h)
+			// A post that leaves no buffer free, or is made while a Send
+			// waits for one, asks for a completion: a Send short of buffers
+			// always has one to wait for, though a grant may free a buffer
+			// meanwhile. So at most nSend-1 buffers wait for grants, and a
+			// FIN always finds one.
+			signaled := !c.zeroCopy || t != frameData || len(p) < unsignaledMin || len(c.freeSend) == 0 || c.bufWaits > 0
+			err := c.postLocked(uint64(slot), off, h, signaled)
 			switch t {
 			case frameFin:
 				c.finSent = true
@@ -446,7 +484,13 @@ func (c *Conn) sendFrame(ctx context.Context, op string, t frameType, p []byte, 
 			}
 			return nil
 		}
-		if !c.peerReady || !c.led.canSend(t) {
+		// No buffer is free and none is on the send queue: one is being
+		// copied into, and its post wakes this Send. (That they all wait
+		// for grants cannot be, by the rule above; were it so, the grants
+		// come in a frame, as credit does.)
+		noBuffer := ready && len(c.freeSend) == 0 && c.inSQ == 0
+		grantWait := noBuffer && c.copying == 0
+		if !c.peerReady || !c.led.canSend(t) || grantWait {
 			// Credit (or the dialer's HELLO) comes in a frame. A Recv
 			// taking frames hands it over; otherwise the connection's
 			// goroutine takes them while a Send waits. (A Send that took
@@ -479,31 +523,62 @@ func (c *Conn) sendFrame(ctx context.Context, op string, t frameType, p []byte, 
 			continue
 		}
 		ch := c.changedLocked()
-		c.mu.Unlock()
-		if ready && c.scqMu.TryLock() {
-			err := c.reapWait(ctx)
-			c.scqMu.Unlock()
-			if err != nil && ctx.Err() != nil {
-				return c.opError(op, ctx.Err())
-			}
-			continue
+		if ready {
+			c.bufWaits++
 		}
-		select {
-		case <-ch:
-		case <-c.rc.Done():
-			// The next round says why.
-		case <-ctx.Done():
-			return c.opError(op, ctx.Err())
+		c.mu.Unlock()
+		var err error
+		if ready && !noBuffer && c.scqMu.TryLock() {
+			if e := c.reapWait(ctx); e != nil && ctx.Err() != nil {
+				err = ctx.Err()
+			}
+			c.scqMu.Unlock()
+		} else {
+			select {
+			case <-ch:
+			case <-c.rc.Done():
+				// The next round says why.
+			case <-ctx.Done():
+				err = ctx.Err()
+			}
+		}
+		if ready {
+			c.mu.Lock()
+			c.bufWaits--
+			c.mu.Unlock()
+		}
+		if err != nil {
+			return c.opError(op, err)
 		}
 	}
 }
 
+// unsignaledMin is the smallest data frame that may go without a
+// completion of its own. siw sends a work request of a page or more that
+// asks for none straight from its pages, and copies one that asks for a
+// completion into the socket's buffers first (bench/notes.md: siw's stream
+// with 64 KiB writes, 205 to 214-216 MB/s in the cost model); a smaller
+// frame saves nothing there.
+//
+// Such a buffer is reused only once the peer's grant covers its frame,
+// not at the completion of a later send: on siw a completion means handed
+// to TCP, which retransmits from the pages as they are then, so a buffer
+// reused at a completion could go out again carrying the next message.
+// Grants count buffers the peer reposted, each a frame it received, and
+// frames arrive in order: a grant of credits + k means the first k
+// credit-using frames arrived.
+const unsignaledMin = 4096
+
 // postLocked writes the frame's header into the send buffer at off, where
-// its message already is, and posts it.
-func (c *Conn) postLocked(id uint64, off int, h header) error {
+// its message already is, and posts it; signaled: it asks for a completion
+// of its own (control frames always do).
+func (c *Conn) postLocked(id uint64, off int, h header, signaled bool) error {
 	h.put(c.sendMR.Bytes()[off : off+HeaderSize])
-	wr := verbs.SendWR{ID: id, Opcode: verbs.OpSend, Flags: verbs.SendSignaled,
+	wr := verbs.SendWR{ID: id, Opcode: verbs.OpSend,
 		SGEs: []verbs.SGE{c.sendMR.SGE(off, HeaderSize+int(h.length))}}
+	if signaled {
+		wr.Flags = verbs.SendSignaled
+	}
 	if err := c.qp.PostSend(wr); err != nil {
 		if e := c.rc.Err(); e != nil {
 			return e
@@ -512,7 +587,63 @@ func (c *Conn) postLocked(id uint64, off int, h header) error {
 		c.failLocked(err)
 		return err
 	}
+	c.posts++
+	if id&ctlID != 0 {
+		c.ctlSeq[id&^ctlID] = c.posts
+		return nil
+	}
+	if h.typ.usesCredit() {
+		c.framesOut++
+	}
+	c.postSeq[id], c.frameSeq[id], c.signaled[id] = c.posts, c.framesOut, signaled
+	if c.inSQ++; c.inSQ == 1 && len(c.freeSend) == 0 {
+		c.broadcastLocked() // a Send waiting for grants can wait on the send CQ now
+	}
+	if !signaled {
+		c.unsignaled = append(c.unsignaled, int(id))
+	}
 	return nil
+}
+
+// completedLocked takes the work requests posted up to post number seq off
+// the send queue: a send completed (sends complete in order). The buffers
+// of those that asked for no completion wait for the peer's grant, unless
+// the connection failed (nothing will use them); it reports whether seq
+// was one of them (a flushed send completes even if it asked for none).
+func (c *Conn) completedLocked(seq uint64) (self bool) {
+	n := 0
+	for ; n < len(c.unsignaled) && c.postSeq[c.unsignaled[n]] <= seq; n++ {
+		slot := c.unsignaled[n]
+		self = self || c.postSeq[slot] == seq
+		c.inSQ--
+		if c.failed != nil {
+			c.freeSend = append(c.freeSend, slot)
+		} else {
+			c.awaitGrant = append(c.awaitGrant, slot)
+		}
+	}
+	c.unsignaled = c.unsignaled[:copy(c.unsignaled, c.unsignaled[n:])]
+	if n > 0 {
+		c.grantedLocked()
+	}
+	return self
+}
+
+// grantedLocked frees the buffers whose frames the peer's grant shows it
+// received.
+func (c *Conn) grantedLocked() {
+	if len(c.awaitGrant) == 0 {
+		return
+	}
+	arrived := c.led.peerGrant - c.led.peerCredits
+	n := 0
+	for ; n < len(c.awaitGrant) && (c.failed != nil || !after(c.frameSeq[c.awaitGrant[n]], arrived)); n++ {
+		c.freeSend = append(c.freeSend, c.awaitGrant[n])
+	}
+	if n > 0 {
+		c.awaitGrant = c.awaitGrant[:copy(c.awaitGrant, c.awaitGrant[n:])]
+		c.broadcastLocked()
+	}
 }
 
 // failLocked records why the connection can no longer be used, once, and
@@ -555,7 +686,7 @@ func (c *Conn) reapWait(ctx context.Context) error {
 	// waited for scqMu: with nothing in flight none would come, and the
 	// wait would outlive the connection. Holding scqMu, no one else takes
 	// them now, and whatever is in flight completes or is flushed.
-	idle := len(c.freeSend) == c.nSend && len(c.freeCtl) == replySlots
+	idle := c.inSQ == 0 && len(c.freeCtl) == replySlots
 	c.mu.Unlock()
 	if closed {
 		return ErrClosed
@@ -589,15 +720,20 @@ func (c *Conn) sentLocked(wcs []verbs.WorkCompletion) {
 			c.probeDoneLocked(wc)
 			continue
 		}
-		if wc.ID&ctlID != 0 {
-			c.freeCtl = append(c.freeCtl, int(wc.ID&^ctlID))
-		} else {
-			c.freeSend = append(c.freeSend, int(wc.ID))
-		}
 		// A flushed send says only that the QP is in the error state: the
 		// cause is the connection's end, or the failed request before it.
 		if wc.Status != verbs.WCSuccess && wc.Status != verbs.WCWRFlushErr {
 			c.failLocked(&kindError{ErrTransport, fmt.Errorf("a send failed: %w", &verbs.CompletionError{WC: wc})})
+		}
+		if wc.ID&ctlID != 0 {
+			slot := int(wc.ID &^ ctlID)
+			c.completedLocked(c.ctlSeq[slot])
+			c.freeCtl = append(c.freeCtl, slot)
+		} else if slot := int(wc.ID); slot < c.nSend && !c.completedLocked(c.postSeq[slot]) {
+			// It asked for a completion: on siw its bytes were copied, on
+			// RoCE the peer acknowledged them. Reusable now.
+			c.inSQ--
+			c.freeSend = append(c.freeSend, slot)
 		}
 	}
 	if len(wcs) > 0 {
@@ -703,7 +839,7 @@ func (c *Conn) sendCreditsLocked() bool {
 		slot := c.freeCtl[len(c.freeCtl)-1]
 		c.freeCtl = c.freeCtl[:len(c.freeCtl)-1]
 		h := c.led.outgoing(frameCredit)
-		if err := c.postLocked(ctlID|uint64(slot), (c.nSend+slot)*c.sendSize, h); err != nil {
+		if err := c.postLocked(ctlID|uint64(slot), (c.nSend+slot)*c.sendSize, h, true); err != nil {
 			return true // the connection failed, which postLocked recorded
 		}
 	}
@@ -1097,6 +1233,7 @@ func (c *Conn) handleLocked(wc verbs.WorkCompletion) error {
 	if err := c.led.incoming(h); err != nil {
 		return err
 	}
+	c.grantedLocked()
 	switch {
 	case h.typ == frameHello && c.peerReady:
 		return errors.New("a HELLO frame once the connection was set up (only the dialer sends one, first)")
@@ -1272,7 +1409,7 @@ func (c *Conn) free() error {
 func (c *Conn) drain(ctx context.Context) {
 	for ctx.Err() == nil {
 		c.mu.Lock()
-		busy := len(c.freeSend) < c.nSend || len(c.freeCtl) < replySlots
+		busy := c.inSQ > 0 || len(c.freeCtl) < replySlots
 		dead := c.failed != nil || c.rc.Err() != nil
 		c.mu.Unlock()
 		if !busy || dead {

@@ -701,26 +701,150 @@ func TestOneCreditOneBuffer(t *testing.T) {
 // A reader that holds every message past the writer's Close still gets
 // the end of the stream after them: the last credit is kept for FIN, so
 // a full window does not turn Close into an abort.
+// Messages of a page or more go without a completion of their own, their
+// buffers held until the reader releases them: the FIN still finds one.
 func TestCloseReachesASlowReader(t *testing.T) {
 	forEachDevice(t, func(t *testing.T, d device) {
+		for _, size := range []int{100, 3 * unsignaledMin / 2} {
+			t.Run(fmt.Sprintf("%dB", size), func(t *testing.T) {
+				checkNoLeaks(t)
+				cfg := &Config{MaxMessageSize: 2 * unsignaledMin, Credits: 2, SendBuffers: 2, CloseTimeout: 500 * time.Millisecond}
+				client, server := pair(t, d, cfg, cfg)
+				ctx := ctxFor(t, 30*time.Second)
+				for i := range 2 {
+					require.NoError(t, client.Send(ctx, fullPayload(i, size)))
+				}
+				start := time.Now()
+				require.NoError(t, client.Close())
+				assert.Less(t, time.Since(start), 400*time.Millisecond, "Close waited for credit the reader was holding")
+				time.Sleep(time.Second) // the reader is slow: longer than CloseTimeout
+				for i := range 2 {
+					m, err := server.Recv(ctx)
+					require.NoError(t, err, "message %d", i)
+					assert.Equal(t, fullPayload(i, size), m.Bytes())
+					m.Release()
+				}
+				_, err := server.Recv(ctx)
+				assert.ErrorIs(t, err, io.EOF, "the end of the stream, not an abort")
+			})
+		}
+	})
+}
+
+// A send buffer whose message went without a completion of its own (a page
+// or more) is reused only once the peer's grant shows the message arrived,
+// not when a later send completes: on siw a completion means handed to TCP,
+// which may still send the buffer's pages again. The peer holds every
+// message, so no grant comes: those buffers stay taken until it releases.
+func TestZeroCopyBuffersWaitForThePeer(t *testing.T) {
+	forEachDevice(t, func(t *testing.T, d device) {
 		checkNoLeaks(t)
-		cfg := &Config{MaxMessageSize: 256, Credits: 2, CloseTimeout: 500 * time.Millisecond}
+		const n, size = 4, 64 << 10
+		cfg := &Config{MaxMessageSize: size, Credits: n, SendBuffers: n}
 		client, server := pair(t, d, cfg, cfg)
 		ctx := ctxFor(t, 30*time.Second)
-		for i := range 2 {
-			require.NoError(t, client.Send(ctx, payload(i, 100)))
+		// noEarlyReuse: every free buffer that carried a message without
+		// a completion of its own carried one the peer has granted.
+		noEarlyReuse := func(when string) {
+			t.Helper()
+			client.mu.Lock()
+			defer client.mu.Unlock()
+			arrived := client.led.peerGrant - client.led.peerCredits
+			for _, slot := range client.freeSend {
+				if !client.signaled[slot] {
+					assert.False(t, after(client.frameSeq[slot], arrived),
+						"%s: buffer %d is free, its frame %d not granted (the peer's grant covers %d)", when, slot, client.frameSeq[slot], arrived)
+				}
+			}
 		}
-		start := time.Now()
-		require.NoError(t, client.Close())
-		assert.Less(t, time.Since(start), 400*time.Millisecond, "Close waited for credit the reader was holding")
-		time.Sleep(time.Second) // the reader is slow: longer than CloseTimeout
-		for i := range 2 {
+		for i := range n {
+			require.NoError(t, client.Send(ctx, fullPayload(i, size)))
+			noEarlyReuse(fmt.Sprintf("after send %d", i))
+		}
+		require.Eventually(t, func() bool {
+			client.mu.Lock()
+			defer client.mu.Unlock()
+			client.reapLocked()
+			return len(client.awaitGrant) > 0
+		}, 10*time.Second, 10*time.Millisecond, "a send completed after sends that asked for no completion: their buffers wait for the grant")
+		time.Sleep(100 * time.Millisecond) // a grant would have come by now
+		noEarlyReuse("the peer holding every message")
+
+		for i := range n {
 			m, err := server.Recv(ctx)
 			require.NoError(t, err, "message %d", i)
-			assert.Equal(t, payload(i, 100), m.Bytes())
+			require.Equal(t, fullPayload(i, size), m.Bytes(), "message %d", i)
 			m.Release()
 		}
-		_, err := server.Recv(ctx)
-		assert.ErrorIs(t, err, io.EOF, "the end of the stream, not an abort")
+		require.Eventually(t, func() bool {
+			client.mu.Lock()
+			defer client.mu.Unlock()
+			return len(client.awaitGrant) == 0
+		}, 10*time.Second, 10*time.Millisecond, "the peer's grant freed the buffers whose sends had completed")
+		// And they carry the next messages whole.
+		for i := range 4 * n {
+			require.NoError(t, client.Send(ctx, fullPayload(n+i, size)))
+			noEarlyReuse(fmt.Sprintf("after send %d", n+i))
+			m, err := server.Recv(ctx)
+			require.NoError(t, err)
+			require.Equal(t, fullPayload(n+i, size), m.Bytes())
+			m.Release()
+		}
 	})
+}
+
+// Sends from several goroutines, messages of a page or more, few buffers:
+// every Send returns, and each goroutine's messages arrive whole and in
+// its order. A Send waiting on the send CQ while a grant frees a buffer
+// must still see a completion come: the posts made while it waits ask
+// for one.
+func TestConcurrentLargeSends(t *testing.T) {
+	forEachDevice(t, func(t *testing.T, d device) {
+		checkNoLeaks(t)
+		const senders, each, size = 4, 300, 2 * unsignaledMin
+		cfg := &Config{MaxMessageSize: size, Credits: 3, SendBuffers: 3}
+		client, server := pair(t, d, cfg, cfg)
+		ctx := ctxFor(t, 90*time.Second)
+		errs := make(chan error, senders)
+		for g := range senders {
+			go func() {
+				for i := range each {
+					p := fullPayload(g*each+i, size)
+					p[0] = byte(g)
+					if err := client.Send(ctx, p); err != nil {
+						errs <- fmt.Errorf("sender %d, message %d: %w", g, i, err)
+						return
+					}
+				}
+				errs <- nil
+			}()
+		}
+		next := make([]int, senders)
+		for range senders * each {
+			m, err := server.Recv(ctx)
+			require.NoError(t, err, "received so far %v of %d each", next, each)
+			b := m.Bytes()
+			require.Len(t, b, size)
+			g := int(b[0])
+			require.Less(t, g, senders)
+			want := fullPayload(g*each+next[g], size)
+			want[0] = byte(g)
+			require.Equal(t, want, b, "sender %d's message %d", g, next[g])
+			next[g]++
+			m.Release()
+		}
+		for range senders {
+			require.NoError(t, <-errs)
+		}
+	})
+}
+
+// fullPayload is message i, size bytes long.
+func fullPayload(i, size int) []byte {
+	b := payload(i, 16)[:8]
+	b = append(b, make([]byte, size-8)...)
+	for j := 8; j < size; j++ {
+		b[j] = byte(i*31 + j)
+	}
+	return b
 }
