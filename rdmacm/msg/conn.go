@@ -597,7 +597,7 @@ func (c *Conn) postLocked(id uint64, off int, h header, signaled bool) error {
 	}
 	c.postSeq[id], c.frameSeq[id], c.signaled[id] = c.posts, c.framesOut, signaled
 	if c.inSQ++; c.inSQ == 1 && len(c.freeSend) == 0 {
-		c.broadcastLocked() // a Send waiting for grants can wait on the send CQ now
+		c.broadcastLocked() // a Send that found no buffer free and none on the send queue waits for this
 	}
 	if !signaled {
 		c.unsignaled = append(c.unsignaled, int(id))
