@@ -231,6 +231,17 @@ func run(ctx context.Context, argv ...string) (string, error) {
 	return string(out), nil
 }
 
+// summary is an error's first line and, when the tool printed more, the
+// last line it printed before the server's output: the tool's own error.
+func summary(err error) string {
+	text, _, _ := strings.Cut(err.Error(), "\nthe server printed:")
+	lines := strings.Split(strings.TrimSpace(text), "\n")
+	if len(lines) == 1 {
+		return lines[0]
+	}
+	return lines[0] + " (" + strings.TrimSpace(lines[len(lines)-1]) + ")"
+}
+
 // runWithin bounds one client run: a tool that hangs (a busy-polling
 // perftest client once spun for half an hour in the 2-vCPU guest) is
 // killed, and the run fails instead of the benchmark waiting for ever. In
@@ -666,7 +677,7 @@ func (b *bench) perftest(ctx context.Context, addr netip.AddrPort, tool string, 
 	if err == nil || ctx.Err() != nil {
 		return f, err
 	}
-	b.repeated = append(b.repeated, fmt.Sprintf("`%s` (%d B, %d iterations): %s", tool, size, iters, strings.SplitN(err.Error(), "\n", 2)[0]))
+	b.repeated = append(b.repeated, fmt.Sprintf("`%s` (%d B, %d iterations): %s", tool, size, iters, summary(err)))
 	return b.perftestOnce(ctx, netip.AddrPortFrom(addr.Addr(), uint16(b.nextPort())), tool, size, iters)
 }
 
@@ -881,7 +892,7 @@ func (b *bench) streamBench(ctx context.Context, addr netip.AddrPort, kind strin
 	if err == nil || ctx.Err() != nil {
 		return r, err
 	}
-	b.repeated = append(b.repeated, fmt.Sprintf("streambench `-kind %s %s`: %s", kind, strings.Join(args, " "), strings.SplitN(err.Error(), "\n", 2)[0]))
+	b.repeated = append(b.repeated, fmt.Sprintf("streambench `-kind %s %s`: %s", kind, strings.Join(args, " "), summary(err)))
 	return b.streamBenchOnce(ctx, netip.AddrPortFrom(addr.Addr(), uint16(b.nextPort())), kind, args...)
 }
 

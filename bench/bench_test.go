@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -77,4 +78,14 @@ func TestParsePerfStat(t *testing.T) {
 	assert.ErrorContains(t, err, "counted no raw_syscalls:sys_enter")
 	_, err = parsePerfStat("52,,context-switches,1,100.00,,\n")
 	assert.ErrorContains(t, err, "printed no raw_syscalls:sys_enter")
+}
+
+func TestSummary(t *testing.T) {
+	err := errors.New("[streambench -connect a]: exit status 1\nstreambench: dial a: connection refused\n\nthe server printed: listening\n")
+	if got, want := summary(err), "[streambench -connect a]: exit status 1 (streambench: dial a: connection refused)"; got != want {
+		t.Errorf("summary = %q, want %q", got, want)
+	}
+	if got, want := summary(errors.New("killed")), "killed"; got != want {
+		t.Errorf("summary = %q, want %q", got, want)
+	}
 }
