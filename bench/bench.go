@@ -242,8 +242,8 @@ func summary(err error) string {
 	return lines[0] + " (" + strings.TrimSpace(lines[len(lines)-1]) + ")"
 }
 
-// runWithin bounds one client run: a tool that hangs (a busy-polling
-// perftest client once spun for half an hour in the 2-vCPU guest) is
+// runWithin bounds one client run: a tool that hangs (one kept the 2-vCPU
+// guest busy for half an hour once, which one was not recorded) is
 // killed, and the run fails instead of the benchmark waiting for ever. In
 // the cost model the bound is guest time, which a busy tool spends at one
 // instruction a nanosecond: it catches only tools that hang idle there.
