@@ -605,16 +605,15 @@ func (c *Conn) postLocked(id uint64, off int, h header, signaled bool) error {
 	return nil
 }
 
-// completedLocked takes the work requests posted up to post number seq off
-// the send queue: a send completed (sends complete in order). The buffers
-// of those that asked for no completion wait for the peer's grant, unless
-// the connection failed (nothing will use them); it reports whether seq
-// was one of them (a flushed send completes even if it asked for none).
-func (c *Conn) completedLocked(seq uint64) (self bool) {
+// completedLocked takes the unsignalled work requests posted up to post
+// number seq off the send queue: a send completed (sends complete in
+// order; a flushed one completes even if it asked for no completion).
+// Their buffers wait for the peer's grant, unless the connection failed
+// (nothing will use them).
+func (c *Conn) completedLocked(seq uint64) {
 	n := 0
 	for ; n < len(c.unsignaled) && c.postSeq[c.unsignaled[n]] <= seq; n++ {
 		slot := c.unsignaled[n]
-		self = self || c.postSeq[slot] == seq
 		c.inSQ--
 		if c.failed != nil {
 			c.freeSend = append(c.freeSend, slot)
@@ -626,7 +625,6 @@ func (c *Conn) completedLocked(seq uint64) (self bool) {
 	if n > 0 {
 		c.grantedLocked()
 	}
-	return self
 }
 
 // grantedLocked frees the buffers whose frames the peer's grant shows it
@@ -729,11 +727,14 @@ func (c *Conn) sentLocked(wcs []verbs.WorkCompletion) {
 			slot := int(wc.ID &^ ctlID)
 			c.completedLocked(c.ctlSeq[slot])
 			c.freeCtl = append(c.freeCtl, slot)
-		} else if slot := int(wc.ID); slot < c.nSend && !c.completedLocked(c.postSeq[slot]) {
-			// It asked for a completion: on siw its bytes were copied, on
-			// RoCE the peer acknowledged them. Reusable now.
-			c.inSQ--
-			c.freeSend = append(c.freeSend, slot)
+		} else if slot := int(wc.ID); slot < c.nSend {
+			c.completedLocked(c.postSeq[slot])
+			if c.signaled[slot] {
+				// On siw its bytes were copied, on RoCE the peer
+				// acknowledged them: reusable now.
+				c.inSQ--
+				c.freeSend = append(c.freeSend, slot)
+			}
 		}
 	}
 	if len(wcs) > 0 {
