@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -841,8 +842,8 @@ func TestConcurrentLargeSends(t *testing.T) {
 
 // fullPayload is message i, size bytes long.
 func fullPayload(i, size int) []byte {
-	b := payload(i, 16)[:8]
-	b = append(b, make([]byte, size-8)...)
+	b := make([]byte, size)
+	binary.BigEndian.PutUint64(b, uint64(i))
 	for j := 8; j < size; j++ {
 		b[j] = byte(i*31 + j)
 	}
