@@ -227,10 +227,28 @@ func (q *QP) PostSend(wrs ...SendWR) error {
 		if bad >= 0 && bad < len(wrs) {
 			e.Detail = fmt.Sprintf("work request %d (%v) of %d", bad, wrs[bad].Opcode, len(wrs))
 		}
-		if q.state != QPStateRTS {
-			e.Hint = fmt.Sprintf("the QP is in %v: sends need RTS", q.state)
-		} else if errors.Is(e.Err, syscall.ENOMEM) {
+		// The state libibverbs keeps is current for QPs the CM moved too;
+		// a full queue is a full queue in any state.
+		switch state := QPState(q.qp.State()); {
+		case errors.Is(e.Err, syscall.ENOMEM):
 			e.Hint = "the send queue is full: poll completions first or raise Cap.MaxSendWR"
+		case errors.Is(e.Err, ibv.ErrReasonLost):
+			e.Hint = "the provider refused this request but returned success for the batch, as libsiw 44 does " +
+				"when it rang the doorbell for the requests before it: an opcode the device lacks (siw has no " +
+				"immediate data and no atomics) or a full send queue"
+		case state != QPStateRTS:
+			e.Hint = fmt.Sprintf("the QP is in %v: sends need RTS", state)
+		}
+		if bad < 0 {
+			// The provider took every request and then failed to ring the
+			// doorbell (rxe and siw do before RTS).
+			e.Detail = fmt.Sprintf("the doorbell, after all %d work requests were queued", len(wrs))
+			queued := "the requests stay queued, to go out with the doorbell of a later post in RTS or to be " +
+				"flushed when the QP goes to ERR"
+			if e.Hint != "" {
+				queued = e.Hint + "; " + queued
+			}
+			e.Hint = queued
 		}
 		return e
 	}

@@ -21,6 +21,25 @@ static uint32_t rdmago_event_qpn(struct ibv_async_event *ev) {
 }
 static int rdmago_event_port(struct ibv_async_event *ev) { return ev->element.port_num; }
 
+// post_result makes a post's result an errno, or RDMAGO_REASON_LOST. The
+// man page promises an errno, but libsiw 44 returns it negated, and -1
+// (with errno set) when its doorbell's write failed; and when the
+// doorbell rang for the requests before a refused one, it returns the
+// doorbell's 0 while naming the refused request.
+#define RDMAGO_REASON_LOST 0x10000
+static int post_result(int rc, int refused) {
+	if (rc == -1 && errno > 0) {
+		return errno;
+	}
+	if (rc < 0) {
+		return -rc;
+	}
+	if (rc == 0 && refused) {
+		return RDMAGO_REASON_LOST;
+	}
+	return rc;
+}
+
 // A send request as Go describes it (SendDesc); C links a batch into
 // ibv_send_wr in one crossing.
 struct rdmago_swr {
@@ -62,9 +81,10 @@ static int rdmago_post_send(struct ibv_qp *qp, struct rdmago_swr *d, int n, stru
 		w->next = i + 1 < n ? &wrs[i + 1] : NULL;
 	}
 	struct ibv_send_wr *bad = NULL;
+	errno = 0;
 	int rc = ibv_post_send(qp, wrs, &bad);
 	*bad_index = bad ? (int)(bad - wrs) : -1;
-	return rc;
+	return post_result(rc, bad != NULL);
 }
 
 struct rdmago_rwr {
@@ -83,9 +103,10 @@ static int rdmago_post_recv(struct ibv_qp *qp, struct rdmago_rwr *d, int n, stru
 		wrs[i].next = i + 1 < n ? &wrs[i + 1] : NULL;
 	}
 	struct ibv_recv_wr *bad = NULL;
+	errno = 0;
 	int rc = ibv_post_recv(qp, wrs, &bad);
 	*bad_index = bad ? (int)(bad - wrs) : -1;
-	return rc;
+	return post_result(rc, bad != NULL);
 }
 
 // The completions as Go lays them out (WC), converted in C so that a poll
@@ -851,7 +872,7 @@ func (q *QP) RecvScratch(n, s int) ([]RecvDesc, []SGE, error) {
 func (q *QP) PostSend(n int) (bad int, err error) {
 	if rc := C.rdmago_post_send_u(cptr(unsafe.Pointer(q.p)), cptr(unsafe.Pointer(q.sdesc)), C.int(n), cptr(unsafe.Pointer(q.sges)),
 		cptr(unsafe.Pointer(q.swrs)), cptr(unsafe.Pointer(q.bad))); rc != 0 {
-		return int(*q.bad), syscall.Errno(rc)
+		return int(*q.bad), postError(rc)
 	}
 	return -1, nil
 }
@@ -860,9 +881,16 @@ func (q *QP) PostSend(n int) (bad int, err error) {
 func (q *QP) PostRecv(n int) (bad int, err error) {
 	if rc := C.rdmago_post_recv_u(cptr(unsafe.Pointer(q.p)), cptr(unsafe.Pointer(q.rdesc)), C.int(n), cptr(unsafe.Pointer(q.sges)),
 		cptr(unsafe.Pointer(q.rwrs)), cptr(unsafe.Pointer(q.bad))); rc != 0 {
-		return int(*q.bad), syscall.Errno(rc)
+		return int(*q.bad), postError(rc)
 	}
 	return -1, nil
+}
+
+func postError(rc C.int) error {
+	if rc == C.RDMAGO_REASON_LOST {
+		return ErrReasonLost
+	}
+	return syscall.Errno(rc)
 }
 
 // Destroy destroys the QP (through its owner if adopted) and frees the

@@ -12,6 +12,11 @@ import (
 	"syscall"
 )
 
+// ErrReasonLost is a post the provider refused (it named a refused
+// request) while returning success: libsiw 44 overwrites the error with
+// its doorbell's result.
+var ErrReasonLost = errors.New("refused by the provider, which returned success and no errno")
+
 // ErrNoCgo is what every call returns in a build without libibverbs.
 var ErrNoCgo = errors.New("built without cgo: libibverbs and librdmacm are not available " +
 	"(build on Linux with CGO_ENABLED=1 and Debian's libibverbs-dev and librdmacm-dev)")
