@@ -68,6 +68,10 @@ func TestMain(m *testing.M) {
 		peerMain(addr)
 		return
 	}
+	if addr := os.Getenv("RDMAGO_DATAPATH_PEER"); addr != "" {
+		echoPeer(addr, os.Getenv("RDMAGO_DATAPATH_IMM") != "")
+		return
+	}
 	if top, err := testbed.Load(); err == nil {
 		// OpenDevice has librdmacm open every device, kept as the ones
 		// the connections below open.

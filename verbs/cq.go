@@ -82,8 +82,9 @@ func (d *Device) CreateCQ(entries int) (*CQ, error) {
 var _ [unsafe.Sizeof(WorkCompletion{}) - unsafe.Sizeof(ibv.WC{})]struct{}
 var _ [unsafe.Sizeof(ibv.WC{}) - unsafe.Sizeof(WorkCompletion{})]struct{}
 
-// Poll moves up to len(wcs) completions into wcs, crossing into C once, and
-// returns how many there were (0 when the queue is empty).
+// Poll moves up to len(wcs) completions into wcs, from Go on rxe and siw and
+// otherwise in one crossing into C, and returns how many there were (0 when
+// the queue is empty).
 //
 // A goroutine that busy-polls passes through the Go scheduler every few
 // milliseconds from inside Poll (see yieldEvery), so that it never needs
@@ -120,9 +121,10 @@ func (c *CQ) Wait(ctx context.Context) error {
 // PollWait polls into wcs, and if the CQ is empty waits for completions
 // until at least one arrives or ctx ends. It arms the notification between
 // two polls, so a completion that lands just before arming is not missed.
-// Each step of the wait costs one crossing into C: the poll (and, on an
-// empty CQ, the arming and the second poll) before sleeping in the poller,
-// and the event's read with the next poll after a wake-up. As with Wait,
+// Each step of the wait is the poll (and, on an empty CQ, the arming and the
+// second poll) before sleeping in the poller, and the event's read with the
+// next poll after a wake-up: on rxe and siw from Go with raw system calls,
+// elsewhere in one crossing into C. As with Wait,
 // one goroutine at a time may wait on a CQ; Poll may run beside it.
 func (c *CQ) PollWait(ctx context.Context, wcs []WorkCompletion) (int, error) {
 	if len(wcs) == 0 {

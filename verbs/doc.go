@@ -20,8 +20,19 @@
 // over memory the Go heap never owns, [CQ] whose completion channel waits in
 // Go's runtime poller (no OS thread parked per CQ), [QP] with a [QP.Modify] that
 // runs the checks above before the driver, [AH], batched [QP.PostSend], [QP.PostRecv] and
-// [CQ.Poll] that cross into C once per batch, and asynchronous device events on a
-// channel ([Device.Events]). Without cgo those calls return [ErrNoCgo].
+// [CQ.Poll], and asynchronous device events on a channel ([Device.Events]). Without
+// cgo those calls return [ErrNoCgo].
+//
+// The data path does not enter C on rxe and siw: their providers map the send,
+// receive and completion queues into the process, and posting, polling and
+// arming work on them from Go as librxe and libsiw (rdma-core 44) do, with the
+// doorbells and rxe's arming as raw system calls; Go's price for every call into
+// C (the runtime's bookkeeping and the wake-up of its monitor thread) was most of
+// what an event-mode round trip cost beyond C's. A QP or CQ takes this path when
+// the provider's private structures pass checks of their layout at its first post
+// or poll, and goes through the provider otherwise, and on other devices, one
+// crossing into C per batch. RDMAGO_FASTPATH=off in the environment sends every
+// queue through the provider.
 //
 // iWARP QPs (siw) are connected by the iWARP CM: only RESET→INIT is the
 // user's; use package [github.com/rdmago/rdmago/rdmacm] for them.

@@ -188,8 +188,9 @@ func (q *QP) closedError(op string) error {
 	return nil
 }
 
-// PostSend posts send work requests as one linked list, in one crossing into C.
-// SGE addresses must be registered memory ([MR.SGE]), never the Go heap.
+// PostSend posts send work requests as one batch: from Go on rxe and siw,
+// otherwise in one crossing into C (see the package documentation). SGE
+// addresses must be registered memory ([MR.SGE]), never the Go heap.
 func (q *QP) PostSend(wrs ...SendWR) error {
 	if len(wrs) == 0 {
 		return nil
@@ -262,7 +263,7 @@ func copySGEs(dst []ibv.SGE, src []SGE) int {
 	return len(src)
 }
 
-// PostRecv posts receive work requests as one linked list, in one crossing.
+// PostRecv posts receive work requests as one batch, as PostSend does.
 func (q *QP) PostRecv(wrs ...RecvWR) error {
 	if len(wrs) == 0 {
 		return nil

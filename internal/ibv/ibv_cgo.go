@@ -577,6 +577,9 @@ type CQ struct {
 	wc      *C.struct_ibv_wc // poll scratch, C memory
 	wcCap   int
 	unacked C.uint
+	path    dataPath       // chosen at the first poll or arming
+	fast    goCQ           // the Go data path, if chosen
+	cmem    unsafe.Pointer // C memory it holds
 }
 
 // CreateCQ creates a completion channel and a CQ of at least entries
@@ -591,7 +594,11 @@ func (c *Context) CreateCQ(entries int) (cq *CQ, op string, err error) {
 		C.ibv_destroy_comp_channel(ch)
 		return nil, "ibv_create_cq", errnoOf(err)
 	}
-	return &CQ{cq: q, ch: ch}, "", nil
+	cq = &CQ{cq: q, ch: ch}
+	// The data path is chosen now, not at the first use: a wait reads
+	// events without the CQ's lock.
+	cq.choose()
+	return cq, "", nil
 }
 
 // Pointer is the struct ibv_cq, for librdmacm's wrapper.
@@ -606,6 +613,16 @@ func (c *CQ) Poll(out []WC) (int, error) {
 // (ibv_req_notify_cq) and polls again, all in one crossing. A failed
 // arming is a *NotifyError.
 func (c *CQ) PollArm(out []WC, arm bool) (n int, err error) {
+	if c.goPath() {
+		n = c.fast.poll(out)
+		if n == 0 && arm {
+			if err := c.fast.arm(); err != nil {
+				return 0, err
+			}
+			n = c.fast.poll(out)
+		}
+		return n, nil
+	}
 	if !c.scratchFor(len(out)) {
 		return 0, syscall.ENOMEM
 	}
@@ -645,11 +662,14 @@ func polled(n int) (int, error) {
 	return n, nil
 }
 
-// eventRead counts an event read off the channel; they are acked in
-// batches, as each ack takes the CQ's lock in libibverbs.
+// eventRead counts an event read off the channel. An ack only tells
+// ibv_destroy_cq how many events were read (the kernel counts them too,
+// and destroy waits until the two agree), so they are acked when the CQ
+// is destroyed, not as they come: each ack is a crossing into C and a
+// lock in libibverbs.
 func (c *CQ) eventRead() {
 	c.unacked++
-	if c.unacked >= 64 {
+	if c.unacked >= 1<<30 {
 		C.ibv_ack_cq_events(c.cq, c.unacked)
 		c.unacked = 0
 	}
@@ -662,6 +682,22 @@ func (c *CQ) eventRead() {
 // whether an event was read and whether the CQ was armed; errors are
 // PollArm's.
 func (c *CQ) EventPollArm(out []WC, armed bool) (n int, event, armedNow bool, err error) {
+	if c.goPath() {
+		if armed && readCompEvent(int(c.ch.fd)) {
+			event, armed = true, false
+			c.eventRead()
+		}
+		n = c.fast.poll(out)
+		if n == 0 && !armed {
+			if err := c.fast.arm(); err != nil {
+				return 0, event, false, err
+			}
+			if n = c.fast.poll(out); n == 0 {
+				armedNow = true
+			}
+		}
+		return n, event, armedNow, nil
+	}
 	if !c.scratchFor(len(out)) {
 		return 0, false, false, syscall.ENOMEM
 	}
@@ -685,6 +721,12 @@ func (c *CQ) EventPollArm(out []WC, armed bool) (n int, event, armedNow bool, er
 
 // ReqNotify arms the CQ for the next completion.
 func (c *CQ) ReqNotify() error {
+	if c.goPath() {
+		if err := c.fast.arm(); err != nil {
+			return err.(*NotifyError).Err
+		}
+		return nil
+	}
 	if rc := C.rdmago_req_notify(c.cq); rc != 0 {
 		return syscall.Errno(rc)
 	}
@@ -697,6 +739,13 @@ func (c *CQ) ChannelFD() int { return int(c.ch.fd) }
 // GetEvent takes one event off the completion channel (false when none is
 // queued), acking events in batches.
 func (c *CQ) GetEvent() bool {
+	if c.goPath() {
+		if !readCompEvent(int(c.ch.fd)) {
+			return false
+		}
+		c.eventRead()
+		return true
+	}
 	if C.rdmago_get_cq_event_u(C.uintptr_t(uintptr(unsafe.Pointer(c.ch)))) != 0 {
 		return false
 	}
@@ -716,9 +765,16 @@ func (c *CQ) Destroy() error {
 	}
 	C.ibv_destroy_comp_channel(c.ch)
 	C.free(unsafe.Pointer(c.wc))
-	c.wc, c.wcCap = nil, 0
+	C.free(c.cmem)
+	c.wc, c.wcCap, c.fast, c.cmem = nil, 0, nil, nil
 	return nil
 }
+
+// goPath reports whether the CQ is polled and armed from Go.
+func (c *CQ) goPath() bool { return c.fast != nil }
+
+// DataPath says how the CQ is polled.
+func (c *CQ) DataPath() (path, why string) { return c.path.Name() }
 
 // AH is an address handle (struct ibv_ah).
 type AH struct{ p *C.struct_ibv_ah }
@@ -756,6 +812,10 @@ type QP struct {
 	bad   *C.int // the index of a refused request: C memory, so that a post allocates nothing
 	nWR   int
 	nSGE  int
+
+	path dataPath       // chosen at the first post
+	fast goQP           // the Go data path, if chosen
+	cmem unsafe.Pointer // C memory it holds
 }
 
 // CreateQP is ibv_create_qp.
@@ -870,6 +930,9 @@ func (q *QP) RecvScratch(n, s int) ([]RecvDesc, []SGE, error) {
 // PostSend posts the first n requests of the send scratch as one list. On
 // failure bad is the index of the refused request, or -1.
 func (q *QP) PostSend(n int) (bad int, err error) {
+	if q.goPath() {
+		return q.fast.post(unsafe.Slice((*SendDesc)(unsafe.Pointer(q.sdesc)), n), unsafe.Slice((*SGE)(unsafe.Pointer(q.sges)), q.nSGE))
+	}
 	if rc := C.rdmago_post_send_u(cptr(unsafe.Pointer(q.p)), cptr(unsafe.Pointer(q.sdesc)), C.int(n), cptr(unsafe.Pointer(q.sges)),
 		cptr(unsafe.Pointer(q.swrs)), cptr(unsafe.Pointer(q.bad))); rc != 0 {
 		return int(*q.bad), postError(rc)
@@ -879,6 +942,9 @@ func (q *QP) PostSend(n int) (bad int, err error) {
 
 // PostRecv posts the first n requests of the receive scratch.
 func (q *QP) PostRecv(n int) (bad int, err error) {
+	if q.goPath() {
+		return q.fast.postRecv(unsafe.Slice((*RecvDesc)(unsafe.Pointer(q.rdesc)), n), unsafe.Slice((*SGE)(unsafe.Pointer(q.sges)), q.nSGE))
+	}
 	if rc := C.rdmago_post_recv_u(cptr(unsafe.Pointer(q.p)), cptr(unsafe.Pointer(q.rdesc)), C.int(n), cptr(unsafe.Pointer(q.sges)),
 		cptr(unsafe.Pointer(q.rwrs)), cptr(unsafe.Pointer(q.bad))); rc != 0 {
 		return int(*q.bad), postError(rc)
@@ -908,8 +974,24 @@ func (q *QP) Destroy() error {
 		C.free(p)
 	}
 	q.sdesc, q.swrs, q.rdesc, q.rwrs, q.sges, q.bad, q.nWR, q.nSGE = nil, nil, nil, nil, nil, nil, 0, 0
+	C.free(q.cmem)
+	q.fast, q.cmem = nil, nil
 	return nil
 }
+
+// goPath reports whether the QP's work requests are posted from Go,
+// choosing at the first post (posts are serialised by the caller, and
+// the provider's structures are complete by then, for adopted QPs too).
+func (q *QP) goPath() bool {
+	if !q.path.chosen {
+		q.choose()
+	}
+	return q.fast != nil
+}
+
+// DataPath says how the QP's work requests are posted ("" before its
+// first post).
+func (q *QP) DataPath() (path, why string) { return q.path.Name() }
 
 func capToC(c QPCap) C.struct_ibv_qp_cap {
 	return C.struct_ibv_qp_cap{max_send_wr: C.uint32_t(c.MaxSendWR), max_recv_wr: C.uint32_t(c.MaxRecvWR),
