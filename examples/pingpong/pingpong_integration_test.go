@@ -79,9 +79,9 @@ func TestEventMode(t *testing.T) {
 			for _, l := range r.Latency {
 				assert.Greater(t, l.P50us, 0.0)
 				// A round trip posts a send and a receive and waits for the
-				// echo: at least a crossing each, and a handful in all.
-				assert.GreaterOrEqual(t, l.CgoCalls, 2.0, "cgo calls per round trip")
-				assert.Less(t, l.CgoCalls, 20.0, "cgo calls per round trip")
+				// echo, all from Go on rxe's and siw's queues (package
+				// verbs): nothing enters C.
+				assert.Zero(t, l.CgoCalls, "cgo calls per round trip")
 			}
 			assert.Greater(t, r.MBps, 0.0)
 		})
