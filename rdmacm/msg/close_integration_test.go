@@ -262,3 +262,55 @@ func TestCloseSendDuringACopy(t *testing.T) {
 		assert.Equal(t, n, <-received, "every Send that returned nil arrived before the end")
 	})
 }
+
+// A Send waiting for a send buffer whose request will never complete (siw
+// takes a request posted after its QP went to the error state, before the
+// end is known, and flushes nothing) fails when the connection ends, not
+// when its context does. Found by the soak: a Send to a killed peer waited
+// out its 15 s.
+func TestSendWaitingOnAStrandedRequestEndsWithTheConnection(t *testing.T) {
+	forEachDevice(t, func(t *testing.T, d device) {
+		checkNoLeaks(t)
+		cfg := &Config{MaxMessageSize: 1024, Credits: 8, SendBuffers: 2}
+		client, server := pair(t, d, cfg, cfg)
+		ctx := ctxFor(t, 30*time.Second)
+		require.NoError(t, client.Send(ctx, []byte("warm up")))
+		m, err := server.Recv(ctx)
+		require.NoError(t, err)
+		m.Release()
+		for sent := false; !sent; time.Sleep(10 * time.Millisecond) {
+			client.mu.Lock()
+			client.reapLocked()
+			sent = client.inSQ == 0
+			client.mu.Unlock()
+		}
+
+		// Every send buffer as if posted and never to complete.
+		client.mu.Lock()
+		stranded := client.freeSend
+		client.freeSend = nil
+		client.inSQ += len(stranded)
+		client.mu.Unlock()
+		sendDone := make(chan error, 1)
+		go func() { sendDone <- client.Send(ctxFor(t, 20*time.Second), []byte("waits")) }()
+		select {
+		case err := <-sendDone:
+			t.Fatalf("Send returned before the end: %v", err)
+		case <-time.After(300 * time.Millisecond):
+		}
+
+		begin := time.Now()
+		require.NoError(t, server.Close())
+		select {
+		case err := <-sendDone:
+			assert.ErrorIs(t, err, rdmacm.ErrEnded)
+			t.Logf("Send failed %v after the peer closed: %v", time.Since(begin).Round(time.Millisecond), err)
+		case <-time.After(10 * time.Second):
+			t.Fatal("Send still waits 10 s after the connection ended")
+		}
+		client.mu.Lock()
+		client.freeSend = append(client.freeSend, stranded...)
+		client.inSQ -= len(stranded)
+		client.mu.Unlock()
+	})
+}

@@ -692,8 +692,12 @@ func (c *Conn) reapWait(ctx context.Context) error {
 	if idle {
 		return nil
 	}
+	// The wait ends with the connection too: a request posted after the QP
+	// went to the error state, before the end was known, may never
+	// complete (siw takes it onto its send queue and flushes nothing), and
+	// the caller then learns of the end from rc.
 	wctx, cancel := context.WithCancel(ctx)
-	stop := context.AfterFunc(c.loopCtx, cancel)
+	stop := context.AfterFunc(c.rxEnd, cancel)
 	var wcs [16]verbs.WorkCompletion
 	n, err := c.scq.PollWait(wctx, wcs[:])
 	stop()
@@ -701,7 +705,7 @@ func (c *Conn) reapWait(ctx context.Context) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if err != nil {
-		if ctx.Err() == nil && c.loopCtx.Err() == nil {
+		if ctx.Err() == nil && c.rxEnd.Err() == nil {
 			c.failLocked(&kindError{ErrTransport, fmt.Errorf("wait for send completions: %w", err)})
 		}
 		return err
@@ -1292,9 +1296,10 @@ func (c *Conn) housekeep() error {
 		c.scqMu.Lock()
 		err := c.reapWait(c.loopCtx)
 		c.scqMu.Unlock()
-		if err != nil {
+		if err != nil && (c.loopCtx.Err() != nil || c.rxEnd.Err() == nil) {
 			return err
 		}
+		// Reaped, or the connection ended (which the check above sees).
 		c.mu.Lock()
 	}
 }
