@@ -28,10 +28,13 @@
 // arming work on them from Go as librxe and libsiw (rdma-core 44) do, with the
 // doorbells and rxe's arming as raw system calls; Go's price for every call into
 // C (the runtime's bookkeeping and the wake-up of its monitor thread) was most of
-// what an event-mode round trip cost beyond C's. A QP or CQ takes this path when
-// the provider's private structures pass checks of their layout at its first post
-// or poll, and goes through the provider otherwise, and on other devices, one
-// crossing into C per batch. RDMAGO_FASTPATH=off in the environment sends every
+// what an event-mode round trip cost beyond C's. A CQ (when created) or a QP (at
+// its first post) takes this path when the provider's private structures pass
+// checks of their layout, and goes through the provider otherwise, and on other
+// devices, one crossing into C per batch. A raw system call keeps its goroutine's
+// P: rxe and siw transmit inside the send doorbell (rxe until its window of
+// packets in flight is full, siw what the socket takes without waiting), and the P
+// runs nothing else meanwhile. RDMAGO_FASTPATH=off in the environment sends every
 // queue through the provider.
 //
 // iWARP QPs (siw) are connected by the iWARP CM: only RESET→INIT is the
