@@ -51,3 +51,19 @@ func TestConsoleTailIsNLines(t *testing.T) {
 	short := writeConsole(t, numbered("line", 5)).consoleTail(40)
 	assert.Contains(t, short, "(last 5 lines)")
 }
+
+// An oops (a list corruption's report, here) opens rdmavm's kernel log
+// tail, from its "cut here" line, though its trace is longer than the tail.
+func TestKernelLogTailKeepsTheOops(t *testing.T) {
+	lines := append(numbered("boot", 100), "------------[ cut here ]------------",
+		"list_del corruption. prev->next should be ffff888006fe3400, but was dead000000000100", "kernel BUG at lib/list_debug.c:53!")
+	lines = append(lines, numbered("trace", 60)...)
+	tail := KernelLogTail(strings.Join(lines, "\n")+"\n", 40)
+	assert.Contains(t, tail, "(last 63 lines) ---\n------------[ cut here ]")
+	assert.Contains(t, tail, "list_del corruption")
+	assert.NotContains(t, tail, "boot 99")
+	assert.Contains(t, tail, "trace 59\n--- end of guest kernel log ---\n")
+
+	plain := KernelLogTail(strings.Join(numbered("line", 100), "\n"), 40)
+	assert.Contains(t, plain, "(last 40 lines) ---\nline 60\n")
+}

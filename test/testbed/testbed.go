@@ -454,16 +454,34 @@ func (g *Guest) ConsolePath() string { return filepath.Join(g.tmp, "console.log"
 // longer than n lines (one of about 40 once pushed it out of a 40-line tail).
 func (g *Guest) consoleTail(n int) string {
 	b, _ := os.ReadFile(g.ConsolePath())
-	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	lines := logTail(string(b), n)
+	return "--- guest console (last " + strconv.Itoa(len(lines)) + " lines) ---\n" + strings.Join(lines, "\n") + "\n--- end of guest console ---"
+}
+
+// KernelLogTail returns the last n lines of a kernel log, labelled, or
+// more: from the first line of an oops, panic or warning among the last
+// maxPanicLines, whose call trace may run longer than n.
+func KernelLogTail(log string, n int) string {
+	lines := logTail(log, n)
+	return "--- guest kernel log (last " + strconv.Itoa(len(lines)) + " lines) ---\n" + strings.Join(lines, "\n") + "\n--- end of guest kernel log ---\n"
+}
+
+// oopsHeadlines open a kernel's report of a panic, BUG, oops or warning.
+var oopsHeadlines = []string{"Kernel panic", "BUG:", "kernel BUG at", "------------[ cut here ]", "Oops:", "general protection fault"}
+
+func logTail(log string, n int) []string {
+	lines := strings.Split(strings.TrimRight(log, "\n"), "\n")
 	from := max(len(lines)-n, 0)
-	for i := len(lines) - 1; i >= 0 && i >= len(lines)-maxPanicLines; i-- {
-		if strings.Contains(lines[i], "Kernel panic") || strings.Contains(lines[i], "BUG:") {
-			from = min(from, i)
-			break
+find:
+	for i := max(len(lines)-maxPanicLines, 0); i < from; i++ {
+		for _, h := range oopsHeadlines {
+			if strings.Contains(lines[i], h) {
+				from = i
+				break find
+			}
 		}
 	}
-	lines = lines[from:]
-	return "--- guest console (last " + strconv.Itoa(len(lines)) + " lines) ---\n" + strings.Join(lines, "\n") + "\n--- end of guest console ---"
+	return lines[from:]
 }
 
 // KernelLog returns the guest's dmesg, for failure reports.

@@ -117,8 +117,7 @@ func execInGuest(ctx context.Context, opts testbed.Options, argv []string) (int,
 	err = cmd.Run()
 	var exit *testbed.ExitError
 	if errors.As(err, &exit) {
-		fmt.Fprintf(os.Stderr, "rdmavm: %v\n--- guest kernel log (last 40 lines) ---\n%s--- end of guest kernel log ---\n",
-			err, lastLines(g.KernelLog(context.Background()), 40))
+		fmt.Fprintf(os.Stderr, "rdmavm: %v\n%s", err, testbed.KernelLogTail(g.KernelLog(context.Background()), 40))
 		if exit.Code > 0 {
 			return exit.Code, nil
 		}
@@ -143,12 +142,4 @@ func copyIntoGuest(ctx context.Context, g *testbed.Guest, prog string) (string, 
 func under(path, dir string) bool {
 	rel, err := filepath.Rel(dir, path)
 	return err == nil && !strings.HasPrefix(rel, "..")
-}
-
-func lastLines(s string, n int) string {
-	lines := strings.SplitAfter(s, "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "")
 }
