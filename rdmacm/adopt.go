@@ -2,12 +2,16 @@ package rdmacm
 
 import (
 	"bufio"
+	"context"
 
 	"github.com/rdmago/rdmago/internal/cmbridge"
 	"github.com/rdmago/rdmago/verbs"
 )
 
-func init() { cmbridge.AdoptRC = adoptRC }
+func init() {
+	cmbridge.AdoptRC = adoptRC
+	cmbridge.EndContext = func(c any) context.Context { return c.(*Conn).endContext() }
+}
 
 // adoptRC makes a Conn of an RC QP that package oob connected over a TCP
 // socket: the socket is its liveness signal, watched from now on.

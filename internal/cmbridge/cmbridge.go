@@ -1,12 +1,14 @@
 // Package cmbridge lets package oob hand package rdmacm an RC QP that it
 // connected without the CM, so that the connection gets rdmacm.Conn's
-// data path, end and release without rdmacm exporting its constructor.
-// Package rdmacm sets AdoptRC when it is initialised; oob imports rdmacm,
-// so it is set before oob runs.
+// data path, end and release without rdmacm exporting its constructor;
+// and package msg end its waits with an rdmacm.Conn. Package rdmacm sets
+// the functions when it is initialised; oob and msg import rdmacm, so they
+// are set before those run.
 package cmbridge
 
 import (
 	"bufio"
+	"context"
 	"net"
 	"net/netip"
 
@@ -41,3 +43,8 @@ type RC struct {
 // AdoptRC makes a *rdmacm.Conn of rc, which from then on owns its objects
 // and the socket.
 var AdoptRC func(rc RC) any
+
+// EndContext returns a context that the end of conn (a *rdmacm.Conn)
+// cancels: when its Done is closed, with its Err set. A wait that merges
+// it ends with the connection without a goroutine of its own.
+var EndContext func(conn any) context.Context

@@ -278,7 +278,8 @@ func TestSendWaitingOnAStrandedRequestEndsWithTheConnection(t *testing.T) {
 		m, err := server.Recv(ctx)
 		require.NoError(t, err)
 		m.Release()
-		for sent := false; !sent; time.Sleep(10 * time.Millisecond) {
+		for sent, deadline := false, time.Now().Add(10*time.Second); !sent; time.Sleep(10 * time.Millisecond) {
+			require.True(t, time.Now().Before(deadline), "the warm-up's send never completed")
 			client.mu.Lock()
 			client.reapLocked()
 			sent = client.inSQ == 0
@@ -291,6 +292,12 @@ func TestSendWaitingOnAStrandedRequestEndsWithTheConnection(t *testing.T) {
 		client.freeSend = nil
 		client.inSQ += len(stranded)
 		client.mu.Unlock()
+		defer func() { // before Close, which would otherwise wait for them
+			client.mu.Lock()
+			client.freeSend = append(client.freeSend, stranded...)
+			client.inSQ -= len(stranded)
+			client.mu.Unlock()
+		}()
 		sendDone := make(chan error, 1)
 		go func() { sendDone <- client.Send(ctxFor(t, 20*time.Second), []byte("waits")) }()
 		select {
@@ -308,9 +315,5 @@ func TestSendWaitingOnAStrandedRequestEndsWithTheConnection(t *testing.T) {
 		case <-time.After(10 * time.Second):
 			t.Fatal("Send still waits 10 s after the connection ended")
 		}
-		client.mu.Lock()
-		client.freeSend = append(client.freeSend, stranded...)
-		client.inSQ -= len(stranded)
-		client.mu.Unlock()
 	})
 }

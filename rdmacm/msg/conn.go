@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/rdmago/rdmago/internal/cmbridge"
 	"github.com/rdmago/rdmago/rdmacm"
 	"github.com/rdmago/rdmago/verbs"
 )
@@ -265,8 +266,8 @@ type Conn struct {
 	rcq    *verbs.CQ
 	rxWait mergedWait
 	rxWCs  [16]verbs.WorkCompletion
-	// rxEnd ends with loopCtx, or when the connection ends (the goroutine
-	// sees rc.Done): the waits on the receive CQ end with it.
+	// rxEnd ends with loopCtx, or when the connection ends (or fails): the
+	// waits on the receive CQ and for send completions end with it.
 	rxEnd       context.Context
 	rxEndCancel context.CancelFunc
 	// closingCtx ends when Close begins (and with rxEnd): a Send waiting
@@ -320,6 +321,10 @@ func newConn(rc *rdmacm.Conn, o *Config, local, peer hello, pool, probe *verbs.M
 	}
 	c.loopCtx, c.loopStop = context.WithCancel(context.Background())
 	c.rxEnd, c.rxEndCancel = context.WithCancel(c.loopCtx)
+	// rxEnd ends with the connection straight from rdmacm, not only when the
+	// goroutine sees it: the goroutine may be waiting for scqMu, which a
+	// Send holds while it waits for completions that the end must cut short.
+	context.AfterFunc(cmbridge.EndContext(rc), c.rxEndCancel)
 	c.closingCtx, c.closingCancel = context.WithCancel(c.rxEnd)
 	go c.loop()
 	c.startKeepalive(o, probe, peer)
@@ -1299,7 +1304,8 @@ func (c *Conn) housekeep() error {
 		if err != nil && (c.loopCtx.Err() != nil || c.rxEnd.Err() == nil) {
 			return err
 		}
-		// Reaped, or the connection ended (which the check above sees).
+		// Reaped, or the connection ended or failed (which the check above
+		// sees: rdmacm sets Err before it ends rxEnd).
 		c.mu.Lock()
 	}
 }
