@@ -1,8 +1,9 @@
 package ibv
 
 // A QP's or CQ's data path in Go, on the queues the provider mapped into
-// the process (siwring.go, rxering.go): chosen once, at the first post or
-// poll, and never mixed with the provider's C functions on the same queue.
+// the process (siwring.go, rxering.go): chosen once (a CQ when created, a
+// QP at its first post), and never mixed with the provider's C functions
+// on the same queue.
 
 // goQP posts a QP's work requests from Go.
 type goQP interface {
@@ -17,15 +18,9 @@ type goCQ interface {
 }
 
 // dataPath records the choice between the provider's C functions and the
-// Go data path for one QP or CQ.
+// Go data path for one QP or CQ, and why the Go path was not taken (for a
+// debugger: no API reports it).
 type dataPath struct {
 	chosen bool
-	name   string // the Go path's, or "libibverbs"
-	why    string // why not the Go path
-}
-
-// Name says how the queue is served: "" before the choice, "libibverbs"
-// with the reason, or the Go path's name.
-func (p dataPath) Name() (path, why string) {
-	return p.name, p.why
+	why    string
 }

@@ -2,8 +2,6 @@
 
 package ibv
 
-import "C"
-
 import (
 	"os"
 	"syscall"
@@ -15,31 +13,31 @@ import (
 // ever be suspected.
 var fastPathOff = os.Getenv("RDMAGO_FASTPATH") == "off"
 
-// chooseQP picks the QP's data path at its first post.
+// choose picks the QP's data path, at its first post.
 func (q *QP) choose() {
-	q.path.chosen, q.path.name = true, "libibverbs"
+	q.path.chosen = true
 	if fastPathOff {
 		q.path.why = "RDMAGO_FASTPATH=off"
 		return
 	}
 	siw, why := siwQPFor(q.p)
 	if siw != nil {
-		q.fast, q.path.name = siw, "siw queues, from Go"
+		q.fast = siw
 		return
 	}
 	rxe, cmem, whyRXE := rxeQPFor(q.p)
 	if rxe != nil {
-		q.fast, q.cmem, q.path.name = rxe, cmem, "rxe queues, from Go"
+		q.fast, q.cmem = rxe, cmem
 		return
 	}
 	q.path.why = why + "; " + whyRXE
 }
 
-// choose picks the CQ's data path at its first poll or arming. The
-// completion channel is made non-blocking for the Go path, whose raw
-// reads must never wait.
+// choose picks the CQ's data path, when it is created. The completion
+// channel is made non-blocking for the Go path, whose raw reads must never
+// wait.
 func (c *CQ) choose() {
-	c.path.chosen, c.path.name = true, "libibverbs"
+	c.path.chosen = true
 	if fastPathOff {
 		c.path.why = "RDMAGO_FASTPATH=off"
 		return
@@ -50,12 +48,12 @@ func (c *CQ) choose() {
 	}
 	siw, why := siwCQFor(c.cq)
 	if siw != nil {
-		c.fast, c.path.name = siw, "siw queue, from Go"
+		c.fast = siw
 		return
 	}
 	rxe, cmem, whyRXE := rxeCQFor(c.cq)
 	if rxe != nil {
-		c.fast, c.cmem, c.path.name = rxe, cmem, "rxe queue, from Go"
+		c.fast, c.cmem = rxe, cmem
 		return
 	}
 	c.path.why = why + "; " + whyRXE

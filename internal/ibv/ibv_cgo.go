@@ -577,7 +577,7 @@ type CQ struct {
 	wc      *C.struct_ibv_wc // poll scratch, C memory
 	wcCap   int
 	unacked C.uint
-	path    dataPath       // chosen at the first poll or arming
+	path    dataPath       // chosen when created
 	fast    goCQ           // the Go data path, if chosen
 	cmem    unsafe.Pointer // C memory it holds
 }
@@ -772,9 +772,6 @@ func (c *CQ) Destroy() error {
 
 // goPath reports whether the CQ is polled and armed from Go.
 func (c *CQ) goPath() bool { return c.fast != nil }
-
-// DataPath says how the CQ is polled.
-func (c *CQ) DataPath() (path, why string) { return c.path.Name() }
 
 // AH is an address handle (struct ibv_ah).
 type AH struct{ p *C.struct_ibv_ah }
@@ -988,10 +985,6 @@ func (q *QP) goPath() bool {
 	}
 	return q.fast != nil
 }
-
-// DataPath says how the QP's work requests are posted ("" before its
-// first post).
-func (q *QP) DataPath() (path, why string) { return q.path.Name() }
 
 func capToC(c QPCap) C.struct_ibv_qp_cap {
 	return C.struct_ibv_qp_cap{max_send_wr: C.uint32_t(c.MaxSendWR), max_recv_wr: C.uint32_t(c.MaxRecvWR),
