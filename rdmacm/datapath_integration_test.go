@@ -151,31 +151,20 @@ func checkDataPath(t *testing.T, d device, goPath bool) {
 
 	// Messages back and forth, busy-polled and then waited for through the
 	// runtime poller, counting the crossings into C.
-	crossings := func(f func()) int64 {
+	const rounds = 50
+	crossings := func(take func(*testing.T, *verbs.CQ) verbs.WorkCompletion) int64 {
 		runtime.GC() // no finalizer of an earlier test's objects runs meanwhile
 		before := runtime.NumCgoCall()
-		f()
+		for i := range rounds {
+			require.NoError(t, server.QP().PostRecv(verbs.RecvWR{ID: uint64(i), SGEs: []verbs.SGE{smr.SGE(0, 64)}}))
+			require.NoError(t, client.QP().PostSend(verbs.SendWR{ID: uint64(i), Opcode: verbs.OpSend, Flags: verbs.SendSignaled,
+				SGEs: []verbs.SGE{cmr.SGE(64, 64)}}))
+			require.Equal(t, uint64(i), take(t, server.RecvCQ()).ID)
+			require.Equal(t, uint64(i), take(t, client.SendCQ()).ID)
+		}
 		return runtime.NumCgoCall() - before
 	}
-	const rounds = 50
-	busy := crossings(func() {
-		for i := range rounds {
-			require.NoError(t, server.QP().PostRecv(verbs.RecvWR{ID: uint64(i), SGEs: []verbs.SGE{smr.SGE(0, 64)}}))
-			require.NoError(t, client.QP().PostSend(verbs.SendWR{ID: uint64(i), Opcode: verbs.OpSend, Flags: verbs.SendSignaled,
-				SGEs: []verbs.SGE{cmr.SGE(64, 64)}}))
-			require.Equal(t, uint64(i), pollOne(t, server.RecvCQ()).ID)
-			require.Equal(t, uint64(i), pollOne(t, client.SendCQ()).ID)
-		}
-	})
-	waited := crossings(func() {
-		for i := range rounds {
-			require.NoError(t, server.QP().PostRecv(verbs.RecvWR{ID: uint64(i), SGEs: []verbs.SGE{smr.SGE(0, 64)}}))
-			require.NoError(t, client.QP().PostSend(verbs.SendWR{ID: uint64(i), Opcode: verbs.OpSend, Flags: verbs.SendSignaled,
-				SGEs: []verbs.SGE{cmr.SGE(64, 64)}}))
-			require.Equal(t, uint64(i), waitOne(t, server.RecvCQ()).ID)
-			require.Equal(t, uint64(i), waitOne(t, client.SendCQ()).ID)
-		}
-	})
+	busy, waited := crossings(pollOne), crossings(waitOne)
 	t.Logf("crossings into C for %d messages: %d busy-polled, %d waited for", rounds, busy, waited)
 	if goPath {
 		assert.Zero(t, busy, "posts and polls enter no C")
