@@ -16,11 +16,3 @@ type goCQ interface {
 	poll(out []WC) int
 	arm() error
 }
-
-// dataPath records the choice between the provider's C functions and the
-// Go data path for one QP or CQ, and why the Go path was not taken (for a
-// debugger: no API reports it).
-type dataPath struct {
-	chosen bool
-	why    string
-}

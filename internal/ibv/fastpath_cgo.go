@@ -15,48 +15,29 @@ var fastPathOff = os.Getenv("RDMAGO_FASTPATH") == "off"
 
 // choose picks the QP's data path, at its first post.
 func (q *QP) choose() {
-	q.path.chosen = true
+	q.chosen = true
 	if fastPathOff {
-		q.path.why = "RDMAGO_FASTPATH=off"
 		return
 	}
-	siw, why := siwQPFor(q.p)
-	if siw != nil {
+	if siw := siwQPFor(q.p); siw != nil {
 		q.fast = siw
-		return
-	}
-	rxe, cmem, whyRXE := rxeQPFor(q.p)
-	if rxe != nil {
+	} else if rxe, cmem := rxeQPFor(q.p); rxe != nil {
 		q.fast, q.cmem = rxe, cmem
-		return
 	}
-	q.path.why = why + "; " + whyRXE
 }
 
 // choose picks the CQ's data path, when it is created. The completion
 // channel is made non-blocking for the Go path, whose raw reads must never
 // wait.
 func (c *CQ) choose() {
-	c.path.chosen = true
-	if fastPathOff {
-		c.path.why = "RDMAGO_FASTPATH=off"
+	if fastPathOff || syscall.SetNonblock(int(c.ch.fd), true) != nil {
 		return
 	}
-	if err := syscall.SetNonblock(int(c.ch.fd), true); err != nil {
-		c.path.why = "the completion channel cannot be made non-blocking: " + err.Error()
-		return
-	}
-	siw, why := siwCQFor(c.cq)
-	if siw != nil {
+	if siw := siwCQFor(c.cq); siw != nil {
 		c.fast = siw
-		return
-	}
-	rxe, cmem, whyRXE := rxeCQFor(c.cq)
-	if rxe != nil {
+	} else if rxe, cmem := rxeCQFor(c.cq); rxe != nil {
 		c.fast, c.cmem = rxe, cmem
-		return
 	}
-	c.path.why = why + "; " + whyRXE
 }
 
 // readCompEvent takes one event off a non-blocking completion channel

@@ -577,8 +577,7 @@ type CQ struct {
 	wc      *C.struct_ibv_wc // poll scratch, C memory
 	wcCap   int
 	unacked C.uint
-	path    dataPath       // chosen when created
-	fast    goCQ           // the Go data path, if chosen
+	fast    goCQ           // the Go data path, if chosen when created
 	cmem    unsafe.Pointer // C memory it holds
 }
 
@@ -737,7 +736,7 @@ func (c *CQ) ReqNotify() error {
 func (c *CQ) ChannelFD() int { return int(c.ch.fd) }
 
 // GetEvent takes one event off the completion channel (false when none is
-// queued), acking events in batches.
+// queued); events are acked when the CQ is destroyed.
 func (c *CQ) GetEvent() bool {
 	if c.goPath() {
 		if !readCompEvent(int(c.ch.fd)) {
@@ -810,9 +809,9 @@ type QP struct {
 	nWR   int
 	nSGE  int
 
-	path dataPath       // chosen at the first post
-	fast goQP           // the Go data path, if chosen
-	cmem unsafe.Pointer // C memory it holds
+	chosen bool           // the data path, at the first post
+	fast   goQP           // the Go data path, if chosen
+	cmem   unsafe.Pointer // C memory it holds
 }
 
 // CreateQP is ibv_create_qp.
@@ -980,7 +979,7 @@ func (q *QP) Destroy() error {
 // choosing at the first post (posts are serialised by the caller, and
 // the provider's structures are complete by then, for adopted QPs too).
 func (q *QP) goPath() bool {
-	if !q.path.chosen {
+	if !q.chosen {
 		q.choose()
 	}
 	return q.fast != nil

@@ -71,8 +71,8 @@ int rdmago_provider_is(void *fn, const char *prefix) {
 static int pow2(uint64_t n) { return n > 0 && (n & (n - 1)) == 0; }
 static int page_aligned(void *p) { return p != NULL && ((uintptr_t)p & 4095) == 0; }
 
-// What Go needs of a siw QP; why is 0 when the QP is libsiw's and matches
-// every check, else the first that failed.
+// What Go needs of a siw QP; why is NULL when the QP is libsiw's and
+// matches every check, else names the first that failed (for a debugger).
 struct rdmago_siw_qp_rings {
 	void *sendq, *recvq, *db_req;
 	uint32_t *sq_put, *rq_put;
@@ -140,11 +140,11 @@ import (
 	"unsafe"
 )
 
-// siwQPFor returns the Go data path for a libsiw QP, or why there is none.
-func siwQPFor(qp *C.struct_ibv_qp) (*siwQP, string) {
+// siwQPFor returns the Go data path for a libsiw QP, or nil.
+func siwQPFor(qp *C.struct_ibv_qp) *siwQP {
 	r := C.rdmago_siw_qp(qp)
 	if r.why != nil {
-		return nil, C.GoString(r.why)
+		return nil
 	}
 	fd, req := int(r.cmd_fd), unsafe.Pointer(r.db_req)
 	return &siwQP{
@@ -154,15 +154,15 @@ func siwQPFor(qp *C.struct_ibv_qp) (*siwQP, string) {
 		// libsiw's own doorbell request and response word, in C memory;
 		// siw sends inside the write without sleeping (MSG_DONTWAIT).
 		doorbell: func() syscall.Errno { return rawWrite(fd, req, 32) },
-	}, ""
+	}
 }
 
-// siwCQFor returns the Go data path for a libsiw CQ, or why there is none.
-func siwCQFor(cq *C.struct_ibv_cq) (*siwCQ, string) {
+// siwCQFor returns the Go data path for a libsiw CQ, or nil.
+func siwCQFor(cq *C.struct_ibv_cq) *siwCQ {
 	r := C.rdmago_siw_cq(cq)
 	if r.why != nil {
-		return nil, C.GoString(r.why)
+		return nil
 	}
 	return &siwCQ{ring: r.queue, size: uint32(r.num_cqe), get: (*uint32)(unsafe.Pointer(r.cq_get)),
-		ctrl: (*uint32)(unsafe.Pointer(r.ctrl))}, ""
+		ctrl: (*uint32)(unsafe.Pointer(r.ctrl))}
 }
