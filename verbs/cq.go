@@ -27,8 +27,10 @@ type CQ struct {
 	// the waiter, before it destroys the channel.
 	waiting sync.RWMutex
 	// armed: the CQ was armed and the event that arming brings has not
-	// been read yet. A wait then needs no new arming: the pending event
-	// wakes it, and at most one event is ever queued on the channel.
+	// been read yet. A wait then needs no new arming: it reads the event if
+	// it came, and otherwise the event's arrival wakes it. The CQ is never
+	// armed again before its event was read, so at most one is ever queued
+	// on the channel.
 	armed atomic.Bool
 	// tryEvent reads one event for the poller's wait; made once, as a
 	// closure per wait would be allocated per wait.
@@ -121,11 +123,11 @@ func (c *CQ) Wait(ctx context.Context) error {
 // PollWait polls into wcs, and if the CQ is empty waits for completions
 // until at least one arrives or ctx ends. It arms the notification between
 // two polls, so a completion that lands just before arming is not missed.
-// Each step of the wait is the poll (and, on an empty CQ, the arming and the
-// second poll) before sleeping in the poller, and the event's read with the
-// next poll after a wake-up: on rxe and siw from Go with raw system calls,
-// elsewhere in one crossing into C. As with Wait,
-// one goroutine at a time may wait on a CQ; Poll may run beside it.
+// A wake-up's completions are returned before the event that woke it is
+// read: that read comes with the next empty poll, before the arming, so a
+// caller answers a message first. Each step runs on rxe and siw from Go with
+// raw system calls, elsewhere in one crossing into C. As with Wait, one
+// goroutine at a time may wait on a CQ; Poll may run beside it.
 func (c *CQ) PollWait(ctx context.Context, wcs []WorkCompletion) (int, error) {
 	if len(wcs) == 0 {
 		return 0, nil
@@ -166,10 +168,12 @@ type pollWait struct {
 	err error
 }
 
-// tryPoll is PollWait's step, which the poller's wait calls first (after
-// it reset the descriptor's readiness: an event that comes after the
-// arming below wakes the wait) and after every wake-up: it reads the
-// event if the CQ is armed, polls, and arms the CQ again when it is empty.
+// tryPollStep is PollWait's step, which the poller's wait calls first
+// (after it reset the descriptor's readiness: an event that comes after
+// the arming below wakes the wait) and after every wake-up: it polls, and
+// only on an empty CQ reads the event if the CQ is armed, and arms it again
+// when it is not. A wake-up's completions are thus returned before the
+// event's read, which waits for the next empty poll.
 func (c *CQ) tryPollStep() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -178,8 +182,7 @@ func (c *CQ) tryPollStep() bool {
 		return true
 	}
 	wcs := c.pwBuf[:c.pw.max]
-	armed := c.armed.Load()
-	n, event, armedNow, err := c.cq.EventPollArm(unsafe.Slice((*ibv.WC)(unsafe.Pointer(&wcs[0])), len(wcs)), armed)
+	n, armed, err := c.cq.EventPollArm(unsafe.Slice((*ibv.WC)(unsafe.Pointer(&wcs[0])), len(wcs)), c.armed.Load())
 	if err != nil {
 		// Whether an event was read before the failure is not reported:
 		// the next wait arms again, which costs at most a spurious wake-up.
@@ -192,12 +195,7 @@ func (c *CQ) tryPollStep() bool {
 		}
 		return true
 	}
-	switch {
-	case armedNow:
-		c.armed.Store(true)
-	case event:
-		c.armed.Store(false)
-	}
+	c.armed.Store(armed)
 	c.pw.n = n
 	return n > 0
 }
@@ -207,6 +205,11 @@ func (c *CQ) arm() error {
 	defer c.mu.Unlock()
 	if c.cq == nil {
 		return &OpError{Op: "ibv_req_notify_cq", Device: c.dev.Info.Name, Err: syscall.EBADF, Hint: "the CQ is closed"}
+	}
+	if c.armed.Load() {
+		// A PollWait left the CQ armed: an event it brought is read
+		// now, or Wait would return on a completion from before it.
+		c.cq.GetEvent()
 	}
 	if err := c.cq.ReqNotify(); err != nil {
 		return &OpError{Op: "ibv_req_notify_cq", Device: c.dev.Info.Name, Err: err}

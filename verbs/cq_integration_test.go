@@ -4,6 +4,8 @@ package verbs_test
 
 import (
 	"context"
+	"os"
+	"os/exec"
 	"testing"
 	"time"
 
@@ -43,4 +45,135 @@ func TestCloseWakesAWaiterFirst(t *testing.T) {
 			assert.NoError(t, cq.Close(), "twice")
 		})
 	}
+}
+
+// PollWait hands back the completions that woke it before it reads the
+// event that did: a round trip's answer is not held up by that read. The
+// event is read at the next empty poll, before sleeping, so a later wait
+// still wakes, and no stale event makes Wait return early. With
+// RDMAGO_FASTPATH=off the same runs through the provider's C functions.
+func TestPollWaitReadsTheEventAfterAnswering(t *testing.T) {
+	alsoThroughTheProvider(t)
+	checkNoLeaks(t)
+	a, b := pairOnRXE(t, verbs.QPTypeRC, 1, 2)
+	require.NoError(t, b.qp.PostRecv(verbs.RecvWR{ID: 1}, verbs.RecvWR{ID: 2}, verbs.RecvWR{ID: 3}))
+	send := func(id uint64) {
+		require.NoError(t, a.qp.PostSend(verbs.SendWR{ID: id, Opcode: verbs.OpSend}))
+	}
+	got := make(chan verbs.WorkCompletion, 1)
+	go func() {
+		wcs := make([]verbs.WorkCompletion, 1)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if _, err := b.cq.PollWait(ctx, wcs); err != nil {
+			wcs[0].ID = 0
+		}
+		got <- wcs[0]
+	}()
+	time.Sleep(50 * time.Millisecond) // asleep on an armed, empty CQ
+	assert.False(t, verbs.EventQueued(b.cq))
+	send(11)
+	assert.Equal(t, uint64(1), (<-got).ID, "the send woke the wait")
+	assert.True(t, verbs.EventQueued(b.cq), "the event that woke it is still unread")
+
+	short, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	_, err := b.cq.PollWait(short, make([]verbs.WorkCompletion, 1))
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
+	assert.False(t, verbs.EventQueued(b.cq), "the empty poll read it before sleeping")
+
+	send(12)
+	assert.Equal(t, uint64(2), waitWC(t, b.cq).ID, "the CQ was armed again: the next completion wakes")
+	assert.True(t, verbs.EventQueued(b.cq))
+	short2, cancel2 := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel2()
+	assert.ErrorIs(t, b.cq.Wait(short2), context.DeadlineExceeded, "Wait does not return on the event of an earlier completion")
+	assert.False(t, verbs.EventQueued(b.cq))
+	waited := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		waited <- b.cq.Wait(ctx)
+	}()
+	time.Sleep(50 * time.Millisecond)
+	send(13)
+	require.NoError(t, <-waited, "a completion after Wait armed the CQ wakes it")
+	assert.Equal(t, uint64(3), waitWC(t, b.cq).ID)
+}
+
+// However completions and waits interleave, PollWait leaves at most one
+// event queued on the channel: it never arms a CQ whose event it has not
+// read. (Were it to, events would pile up in the kernel, one per such
+// wait, until the CQ is destroyed.)
+func TestPollWaitLeavesAtMostOneEventQueued(t *testing.T) {
+	alsoThroughTheProvider(t)
+	checkNoLeaks(t)
+	a, b := pairOnRXE(t, verbs.QPTypeRC, 1, 2)
+	const total = 10000
+	posted := 0
+	repost := func(n int) {
+		for range n {
+			require.NoError(t, b.qp.PostRecv(verbs.RecvWR{ID: uint64(posted)}))
+			posted++
+		}
+	}
+	repost(24)
+	done := make(chan error, 1)
+	go func() {
+		// A sender that keeps a few messages in flight, so that
+		// completions land at every point of the receiver's waits.
+		wcs := make([]verbs.WorkCompletion, 8)
+		inflight := 0
+		for sent := 0; sent < total; {
+			for inflight < 16 && sent < total {
+				if err := a.qp.PostSend(verbs.SendWR{ID: uint64(sent), Opcode: verbs.OpSend, Flags: verbs.SendSignaled}); err != nil {
+					done <- err
+					return
+				}
+				sent++
+				inflight++
+			}
+			n, err := a.cq.PollWait(context.Background(), wcs)
+			if err != nil {
+				done <- err
+				return
+			}
+			inflight -= n
+		}
+		done <- nil
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	wcs := make([]verbs.WorkCompletion, 1) // one at a time: many short waits
+	for got := 0; got < total; {
+		n, err := b.cq.PollWait(ctx, wcs)
+		require.NoError(t, err)
+		require.NoError(t, wcs[0].Err())
+		got += n
+		if posted < total {
+			repost(n)
+		}
+	}
+	require.NoError(t, <-done)
+	rq, sq := verbs.DrainEvents(b.cq), verbs.DrainEvents(a.cq)
+	t.Logf("events left queued: receiver %d, sender %d", rq, sq)
+	assert.LessOrEqual(t, rq, 1, "events left queued on the receiver's channel")
+	assert.LessOrEqual(t, sq, 1, "events left queued on the sender's channel")
+}
+
+// alsoThroughTheProvider runs the calling test again in a child process
+// with RDMAGO_FASTPATH=off, where polling and arming go through the
+// provider's C functions.
+func alsoThroughTheProvider(t *testing.T) {
+	if os.Getenv("RDMAGO_FASTPATH") == "off" {
+		return
+	}
+	name := t.Name()
+	t.Run("RDMAGO_FASTPATH=off", func(t *testing.T) {
+		cmd := exec.Command(os.Args[0], "-test.run=^"+name+"$", "-test.v", "-test.count=1")
+		cmd.Env = append(os.Environ(), "RDMAGO_FASTPATH=off")
+		out, err := cmd.CombinedOutput()
+		require.NoError(t, err, "%s", out)
+		require.Contains(t, string(out), "--- PASS: ", "%s", out)
+	})
 }

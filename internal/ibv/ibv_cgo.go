@@ -188,26 +188,36 @@ static int rdmago_get_cq_event_u(uintptr_t ch) {
 	return rdmago_get_cq_event((struct ibv_comp_channel *)ch);
 }
 
-// One wait's step in one crossing: read the pending event if the CQ is
-// armed (flags bit 0; the channel is non-blocking), poll, and when the CQ
-// is empty and not armed (any more), arm it and poll again. The count of
+// One wait's step in one crossing, as CQ.EventPollArm: poll; when empty
+// and armed (flags bit 0; the channel is non-blocking), read the pending
+// event; when not armed (any more), arm and poll again. The count of
 // completions comes back with bit 24 set when an event was read and bit
-// 25 when the CQ was armed here; errors as rdmago_poll_arm's, after
-// acking an event read (a lost ack would hang ibv_destroy_cq).
+// 25 when the CQ is left armed; errors as rdmago_poll_arm's, after acking
+// an event read (a lost ack would hang ibv_destroy_cq).
 static int rdmago_event_poll_arm(uintptr_t ch, uintptr_t cq, int n, uintptr_t scratch, uintptr_t out, int flags) {
 	int armed = flags & 1, ev = 0;
+	int got = rdmago_poll_cq(cq, n, scratch, out);
+	if (got != 0) {
+		return got < 0 ? got : got | armed << 25;
+	}
 	if (armed && rdmago_get_cq_event((struct ibv_comp_channel *)ch) == 0) {
 		ev = 1;
 		armed = 0;
 	}
-	int got = rdmago_poll_arm(cq, n, scratch, out, !armed);
-	if (got < 0) {
+	if (armed) {
+		return 1 << 25;
+	}
+	int rc = ibv_req_notify_cq((struct ibv_cq *)cq, 0);
+	if (rc == 0) {
+		got = rdmago_poll_cq(cq, n, scratch, out);
+	}
+	if (rc != 0 || got < 0) {
 		if (ev) {
 			ibv_ack_cq_events((struct ibv_cq *)cq, 1);
 		}
-		return got;
+		return rc != 0 ? -2 - rc : got;
 	}
-	return got | ev << 24 | (!armed && got == 0) << 25;
+	return got | ev << 24 | 1 << 25;
 }
 
 // The fields of a received UD completion that ibv_init_ah_from_wc reads.
@@ -674,31 +684,36 @@ func (c *CQ) eventRead() {
 	}
 }
 
-// EventPollArm is one step of a wait on an armed or unarmed CQ, in one
-// crossing: when armed, it reads the pending event off the (non-blocking)
-// channel, if one is there; then it polls into out, and when the CQ is
-// empty and not armed any more, it arms it and polls again. It reports
-// whether an event was read and whether the CQ was armed; errors are
-// PollArm's.
-func (c *CQ) EventPollArm(out []WC, armed bool) (n int, event, armedNow bool, err error) {
+// EventPollArm is one step of a wait on a CQ, in one crossing. It polls
+// into out first, so that after a wake-up the completions come before the
+// event's read. When the CQ is empty and armed, it reads the event off the
+// (non-blocking) channel, if one is there; when that leaves it unarmed, it
+// arms it and polls again. It returns what it polled and whether the CQ is
+// armed with its event unread, which the next step takes as armed; errors
+// are PollArm's.
+//
+// Reading the event only before the next sleep takes that read off a round
+// trip's path: the caller answers first. At most one event is queued, as a
+// CQ is never armed again before its event was read.
+func (c *CQ) EventPollArm(out []WC, armed bool) (n int, armedAfter bool, err error) {
 	if c.goPath() {
+		if n = c.fast.poll(out); n > 0 {
+			return n, armed, nil
+		}
 		if armed && readCompEvent(int(c.ch.fd)) {
-			event, armed = true, false
+			armed = false
 			c.eventRead()
 		}
-		n = c.fast.poll(out)
-		if n == 0 && !armed {
-			if err := c.fast.arm(); err != nil {
-				return 0, event, false, err
-			}
-			if n = c.fast.poll(out); n == 0 {
-				armedNow = true
-			}
+		if armed {
+			return 0, true, nil // the next completion brings the event and wakes the poller
 		}
-		return n, event, armedNow, nil
+		if err := c.fast.arm(); err != nil {
+			return 0, false, err
+		}
+		return c.fast.poll(out), true, nil
 	}
 	if !c.scratchFor(len(out)) {
-		return 0, false, false, syscall.ENOMEM
+		return 0, false, syscall.ENOMEM
 	}
 	f := C.int(0)
 	if armed {
@@ -709,13 +724,12 @@ func (c *CQ) EventPollArm(out []WC, armed bool) (n int, event, armedNow bool, er
 	runtime.KeepAlive(out)
 	if r < 0 {
 		n, err = polled(r)
-		return n, false, false, err
+		return n, false, err
 	}
-	event = r&(1<<24) != 0
-	if event {
+	if r&(1<<24) != 0 {
 		c.eventRead()
 	}
-	return r & (1<<24 - 1), event, r&(1<<25) != 0, nil
+	return r & (1<<24 - 1), r&(1<<25) != 0, nil
 }
 
 // ReqNotify arms the CQ for the next completion.

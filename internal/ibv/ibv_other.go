@@ -63,8 +63,8 @@ func (c *CQ) PollArm(out []WC, arm bool) (int, error) { return 0, ErrNoCgo }
 func (c *CQ) ReqNotify() error                        { return ErrNoCgo }
 func (c *CQ) ChannelFD() int                          { return -1 }
 func (c *CQ) GetEvent() bool                          { return false }
-func (c *CQ) EventPollArm(out []WC, armed bool) (int, bool, bool, error) {
-	return 0, false, false, ErrNoCgo
+func (c *CQ) EventPollArm(out []WC, armed bool) (int, bool, error) {
+	return 0, false, ErrNoCgo
 }
 func (c *CQ) Destroy() error { return nil }
 
