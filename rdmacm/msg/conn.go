@@ -31,9 +31,9 @@ type Config struct {
 	// (default 32): Send copies each into one of that many registered
 	// buffers, free again when the device has sent it. When SendBuffers is
 	// at least the peer's Credits, messages of 4 KiB or more mostly go
-	// without a completion of their own (siw then sends them from the
-	// buffer rather than copying them), and their buffers are free again
-	// once the peer's grant shows they arrived.
+	// without a completion of their own (siw can then send them from the
+	// buffer rather than copy them), and their buffers are free again once
+	// the peer's grant shows they arrived.
 	SendBuffers int
 	// CloseTimeout bounds how long Close waits to pass the end of the
 	// stream (FIN) and the messages still in flight to the peer (default
@@ -559,11 +559,14 @@ func (c *Conn) sendFrame(ctx context.Context, op string, t frameType, p []byte, 
 }
 
 // unsignaledMin is the smallest data frame that may go without a
-// completion of its own. siw sends a work request of a page or more that
-// asks for none straight from its pages, and copies one that asks for a
-// completion into the socket's buffers first (bench/notes.md: siw's stream
-// with 64 KiB writes, 205 to 214-216 MB/s in the cost model); a smaller
-// frame saves nothing there.
+// completion of its own. siw hands TCP the pages of a work request of a
+// page or more that asks for none, to send without a copy, and copies one
+// that asks for a completion into the socket's buffers first; a smaller
+// frame saves nothing there. (The test bed's Debian 6.1.192 copies both:
+// its siw passes the pages with MSG_SPLICE_PAGES, which its TCP does not
+// know. The gain measured there, bench/notes.md: siw's stream with 64 KiB
+// writes, 205 to 214-216 MB/s in the cost model, comes from elsewhere,
+// the fewer completions likeliest.)
 //
 // Such a buffer is reused only once the peer's grant covers its frame,
 // not at the completion of a later send: on siw a completion means handed
