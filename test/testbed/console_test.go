@@ -1,6 +1,8 @@
 package testbed
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -66,4 +68,15 @@ func TestKernelLogTailKeepsTheOops(t *testing.T) {
 
 	plain := KernelLogTail(strings.Join(numbered("line", 100), "\n"), 40)
 	assert.Contains(t, plain, "(last 40 lines) ---\nline 60\n")
+}
+
+// A guest whose agent is gone cannot run dmesg: rdmavm's report is then
+// the console's tail, under one label.
+func TestKernelLogOfACrashedGuestIsTheConsole(t *testing.T) {
+	g := writeConsole(t, append(numbered("boot", 100), "Kernel panic - not syncing: Fatal exception"))
+	g.err = errors.New("lost the guest's agent")
+	report := KernelLogTail(g.KernelLog(context.Background()), 40)
+	assert.Equal(t, 1, strings.Count(report, "--- guest kernel log"), report)
+	assert.NotContains(t, report, "--- guest console")
+	assert.Contains(t, report, "Kernel panic - not syncing: Fatal exception\n--- end of guest kernel log ---\n")
 }

@@ -484,11 +484,14 @@ find:
 	return lines[from:]
 }
 
-// KernelLog returns the guest's dmesg, for failure reports.
+// KernelLog returns the guest's dmesg, for failure reports; when dmesg
+// cannot run (a crashed guest), the console's output, which carries the
+// kernel's messages too. Either is unlabelled, for KernelLogTail.
 func (g *Guest) KernelLog(ctx context.Context) string {
 	out, err := g.Command(ctx, "dmesg").CombinedOutput()
 	if err != nil {
-		return g.consoleTail(60)
+		b, _ := os.ReadFile(g.ConsolePath())
+		return string(b)
 	}
 	return string(out)
 }
