@@ -2,8 +2,36 @@
 
 package ibv
 
+/*
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <string.h>
+#include <infiniband/verbs.h>
+
+// Which provider fn is code of, by the file it was loaded from: 1 for
+// libsiw (libsiw-rdmavNN.so), 2 for librxe, 0 for another. Only a QP or CQ
+// whose functions are libsiw's or librxe's is that provider's struct.
+static int rdmago_provider_of(void *fn) {
+	Dl_info info;
+	if (fn == NULL || dladdr(fn, &info) == 0 || info.dli_fname == NULL) {
+		return 0;
+	}
+	const char *base = strrchr(info.dli_fname, '/');
+	base = base ? base + 1 : info.dli_fname;
+	if (strncmp(base, "libsiw-", 7) == 0) {
+		return 1;
+	}
+	if (strncmp(base, "librxe-", 7) == 0) {
+		return 2;
+	}
+	return 0;
+}
+*/
+import "C"
+
 import (
 	"os"
+	"sync"
 	"syscall"
 	"unsafe"
 )
@@ -13,16 +41,44 @@ import (
 // ever be suspected.
 var fastPathOff = os.Getenv("RDMAGO_FASTPATH") == "off"
 
+// The providers whose queues have a Go data path.
+const (
+	providerOther = iota
+	providerSiw
+	providerRxe
+)
+
+// providers holds providerOf's verdicts by function address.
+var providers sync.Map
+
+// providerOf tells which provider the function at fn belongs to. dladdr,
+// which walks the loaded objects under the loader's lock, runs once per
+// provider and process, not for every QP and CQ: a provider stays loaded
+// once libibverbs loaded it.
+func providerOf(fn unsafe.Pointer) int {
+	if p, ok := providers.Load(fn); ok {
+		return p.(int)
+	}
+	p := int(C.rdmago_provider_of(fn))
+	providers.Store(fn, p)
+	return p
+}
+
 // choose picks the QP's data path, at its first post.
 func (q *QP) choose() {
 	q.chosen = true
 	if fastPathOff {
 		return
 	}
-	if siw := siwQPFor(q.p); siw != nil {
-		q.fast = siw
-	} else if rxe, cmem := rxeQPFor(q.p); rxe != nil {
-		q.fast, q.cmem = rxe, cmem
+	switch providerOf(unsafe.Pointer(q.p.context.ops.post_send)) {
+	case providerSiw:
+		if siw := siwQPFor(q.p); siw != nil {
+			q.fast = siw
+		}
+	case providerRxe:
+		if rxe, cmem := rxeQPFor(q.p); rxe != nil {
+			q.fast, q.cmem = rxe, cmem
+		}
 	}
 }
 
@@ -33,10 +89,15 @@ func (c *CQ) choose() {
 	if fastPathOff || syscall.SetNonblock(int(c.ch.fd), true) != nil {
 		return
 	}
-	if siw := siwCQFor(c.cq); siw != nil {
-		c.fast = siw
-	} else if rxe, cmem := rxeCQFor(c.cq); rxe != nil {
-		c.fast, c.cmem = rxe, cmem
+	switch providerOf(unsafe.Pointer(c.cq.context.ops.poll_cq)) {
+	case providerSiw:
+		if siw := siwCQFor(c.cq); siw != nil {
+			c.fast = siw
+		}
+	case providerRxe:
+		if rxe, cmem := rxeCQFor(c.cq); rxe != nil {
+			c.fast, c.cmem = rxe, cmem
+		}
 	}
 }
 

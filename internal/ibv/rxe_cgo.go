@@ -10,8 +10,6 @@ package ibv
 #include <infiniband/verbs.h>
 #include <rdma/rdma_user_rxe.h>
 
-int rdmago_provider_is(void *fn, const char *prefix);
-
 // librxe's private structs (rdma-core 44, providers/rxe/rxe.h), copied to
 // find the queues it mapped; what rdmago_rxe_qp and rdmago_rxe_cq check
 // catches a copy that does not match, and the QP or CQ then keeps going
@@ -82,10 +80,6 @@ struct rdmago_rxe_qp_queues {
 static struct rdmago_rxe_qp_queues rdmago_rxe_qp(struct ibv_qp *base) {
 	struct rdmago_rxe_qp_queues r = {0};
 	struct rdmago_rxe_qp *qp = (struct rdmago_rxe_qp *)base;
-	if (!rdmago_provider_is((void *)base->context->ops.post_send, "librxe-")) {
-		r.why = "not a librxe QP";
-		return r;
-	}
 	if (base->qp_type != IBV_QPT_RC && base->qp_type != IBV_QPT_UC) {
 		r.why = "a UD QP (its sends name address handles, left to librxe)";
 		return r;
@@ -133,10 +127,6 @@ struct rdmago_rxe_cq_queue {
 static struct rdmago_rxe_cq_queue rdmago_rxe_cq(struct ibv_cq *base) {
 	struct rdmago_rxe_cq_queue r = {0};
 	struct rdmago_rxe_cq *cq = (struct rdmago_rxe_cq *)base;
-	if (!rdmago_provider_is((void *)base->context->ops.poll_cq, "librxe-")) {
-		r.why = "not a librxe CQ";
-		return r;
-	}
 	if (base->cqe < 1 || !rxe_queue_ok(cq->queue, &cq->mmap_info, sizeof(struct ibv_wc), (uint32_t)base->cqe + 1)) {
 		r.why = "librxe's struct rxe_cq is not laid out as in rdma-core 44";
 		return r;
@@ -179,8 +169,8 @@ func rawWrite(fd int, cmd unsafe.Pointer, size uintptr) syscall.Errno {
 	return e
 }
 
-// rxeQPFor returns the Go data path for a librxe RC or UC QP and the C
-// memory it holds (freed with the QP), or nil.
+// rxeQPFor returns the Go data path for a librxe (providerOf) RC or UC QP
+// and the C memory it holds (freed with the QP), or nil.
 func rxeQPFor(qp *C.struct_ibv_qp) (*rxeQP, unsafe.Pointer) {
 	r := C.rdmago_rxe_qp(qp)
 	if r.why != nil { // names the check that failed, for a debugger
@@ -195,8 +185,8 @@ func rxeQPFor(qp *C.struct_ibv_qp) (*rxeQP, unsafe.Pointer) {
 	}, db
 }
 
-// rxeCQFor returns the Go data path for a librxe CQ and the C memory it
-// holds, or nil.
+// rxeCQFor returns the Go data path for a librxe CQ (providerOf) and the C
+// memory it holds, or nil.
 func rxeCQFor(cq *C.struct_ibv_cq) (*rxeCQ, unsafe.Pointer) {
 	r := C.rdmago_rxe_cq(cq)
 	if r.why != nil { // names the check that failed, for a debugger

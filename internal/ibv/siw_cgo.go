@@ -4,11 +4,8 @@ package ibv
 
 /*
 #cgo LDFLAGS: -libverbs
-#define _GNU_SOURCE
-#include <dlfcn.h>
 #include <stddef.h>
 #include <stdint.h>
-#include <string.h>
 #include <infiniband/verbs.h>
 
 // libsiw's private structs (rdma-core 44, providers/siw/siw.h), copied to
@@ -55,24 +52,12 @@ _Static_assert(sizeof(struct ibv_cq) == 128 && offsetof(struct rdmago_siw_cq, ct
 	offsetof(struct rdmago_siw_cq, num_cqe) == 152 && offsetof(struct rdmago_siw_cq, cq_get) == 156 &&
 	offsetof(struct rdmago_siw_cq, queue) == 160, "struct siw_cq");
 
-// Whether fn is code of the provider whose file name starts with prefix
-// (libsiw-rdmavNN.so, librxe-rdmavNN.so): only then is the object behind
-// a QP or CQ that provider's struct.
-int rdmago_provider_is(void *fn, const char *prefix) {
-	Dl_info info;
-	if (fn == NULL || dladdr(fn, &info) == 0 || info.dli_fname == NULL) {
-		return 0;
-	}
-	const char *base = strrchr(info.dli_fname, '/');
-	base = base ? base + 1 : info.dli_fname;
-	return strncmp(base, prefix, strlen(prefix)) == 0;
-}
-
 static int pow2(uint64_t n) { return n > 0 && (n & (n - 1)) == 0; }
 static int page_aligned(void *p) { return p != NULL && ((uintptr_t)p & 4095) == 0; }
 
-// What Go needs of a siw QP; why is NULL when the QP is libsiw's and
-// matches every check, else names the first that failed (for a debugger).
+// What Go needs of a siw QP (libsiw's: the caller asked providerOf); why
+// is NULL when it matches every check, else names the first that failed
+// (for a debugger).
 struct rdmago_siw_qp_rings {
 	void *sendq, *recvq, *db_req;
 	uint32_t *sq_put, *rq_put;
@@ -84,9 +69,7 @@ static struct rdmago_siw_qp_rings rdmago_siw_qp(struct ibv_qp *base) {
 	struct rdmago_siw_qp_rings r = {0};
 	struct rdmago_siw_qp *qp = (struct rdmago_siw_qp *)base;
 	struct rdmago_post_send_cmd *db = &qp->db_req;
-	if (!rdmago_provider_is((void *)base->context->ops.post_send, "libsiw-")) {
-		r.why = "not a libsiw QP";
-	} else if (db->command != 28 || db->in_words != 8 || db->out_words != 1 ||
+	if (db->command != 28 || db->in_words != 8 || db->out_words != 1 ||
 			db->response != (uintptr_t)&qp->db_resp || db->qp_handle != base->handle ||
 			db->wr_count != 0 || db->sge_count != 0 || db->wqe_size != sizeof(struct ibv_send_wr) ||
 			qp->id != base->qp_num) {
@@ -119,9 +102,7 @@ struct rdmago_siw_cq_ring {
 static struct rdmago_siw_cq_ring rdmago_siw_cq(struct ibv_cq *base) {
 	struct rdmago_siw_cq_ring r = {0};
 	struct rdmago_siw_cq *cq = (struct rdmago_siw_cq *)base;
-	if (!rdmago_provider_is((void *)base->context->ops.poll_cq, "libsiw-")) {
-		r.why = "not a libsiw CQ";
-	} else if (!pow2((uint64_t)(int64_t)cq->num_cqe) || cq->num_cqe != base->cqe || !page_aligned(cq->queue) ||
+	if (!pow2((uint64_t)(int64_t)cq->num_cqe) || cq->num_cqe != base->cqe || !page_aligned(cq->queue) ||
 			(char *)cq->ctrl != (char *)cq->queue + 32 * (size_t)cq->num_cqe) {
 		r.why = "libsiw's struct siw_cq is not laid out as in rdma-core 44";
 	} else {
@@ -140,7 +121,7 @@ import (
 	"unsafe"
 )
 
-// siwQPFor returns the Go data path for a libsiw QP, or nil.
+// siwQPFor returns the Go data path for a libsiw QP (providerOf), or nil.
 func siwQPFor(qp *C.struct_ibv_qp) *siwQP {
 	r := C.rdmago_siw_qp(qp)
 	if r.why != nil {
@@ -157,7 +138,7 @@ func siwQPFor(qp *C.struct_ibv_qp) *siwQP {
 	}
 }
 
-// siwCQFor returns the Go data path for a libsiw CQ, or nil.
+// siwCQFor returns the Go data path for a libsiw CQ (providerOf), or nil.
 func siwCQFor(cq *C.struct_ibv_cq) *siwCQ {
 	r := C.rdmago_siw_cq(cq)
 	if r.why != nil {
