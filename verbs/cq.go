@@ -183,10 +183,8 @@ func (c *CQ) tryPollStep() bool {
 	}
 	wcs := c.pwBuf[:c.pw.max]
 	n, armed, err := c.cq.EventPollArm(unsafe.Slice((*ibv.WC)(unsafe.Pointer(&wcs[0])), len(wcs)), c.armed.Load())
+	c.armed.Store(armed)
 	if err != nil {
-		// Whether an event was read before the failure is not reported:
-		// the next wait arms again, which costs at most a spurious wake-up.
-		c.armed.Store(false)
 		var ne *ibv.NotifyError
 		if errors.As(err, &ne) {
 			c.pw.err = &OpError{Op: "ibv_req_notify_cq", Device: c.dev.Info.Name, Err: ne.Err}
@@ -195,7 +193,6 @@ func (c *CQ) tryPollStep() bool {
 		}
 		return true
 	}
-	c.armed.Store(armed)
 	c.pw.n = n
 	return n > 0
 }
@@ -207,9 +204,14 @@ func (c *CQ) arm() error {
 		return &OpError{Op: "ibv_req_notify_cq", Device: c.dev.Info.Name, Err: syscall.EBADF, Hint: "the CQ is closed"}
 	}
 	if c.armed.Load() {
-		// A PollWait left the CQ armed: an event it brought is read
-		// now, or Wait would return on a completion from before it.
-		c.cq.GetEvent()
+		// A PollWait left the CQ armed. Without its event queued, it
+		// still is: arming again could queue a second event. With it,
+		// the event is read now, or Wait would return on a completion
+		// from before it.
+		if !c.cq.GetEvent() {
+			return nil
+		}
+		c.armed.Store(false)
 	}
 	if err := c.cq.ReqNotify(); err != nil {
 		return &OpError{Op: "ibv_req_notify_cq", Device: c.dev.Info.Name, Err: err}

@@ -70,11 +70,13 @@ func TestPollWaitReadsTheEventAfterAnswering(t *testing.T) {
 		}
 		got <- wcs[0]
 	}()
-	time.Sleep(50 * time.Millisecond) // asleep on an armed, empty CQ
+	require.Eventually(t, func() bool { return verbs.Armed(b.cq) && verbs.Waiting(b.cq) }, 10*time.Second, time.Millisecond,
+		"the wait armed the empty CQ")
 	assert.False(t, verbs.EventQueued(b.cq))
 	send(11)
 	assert.Equal(t, uint64(1), (<-got).ID, "the send woke the wait")
-	assert.True(t, verbs.EventQueued(b.cq), "the event that woke it is still unread")
+	assert.Eventually(t, func() bool { return verbs.EventQueued(b.cq) }, 5*time.Second, time.Millisecond,
+		"the event that woke it is left unread")
 
 	short, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
@@ -84,7 +86,7 @@ func TestPollWaitReadsTheEventAfterAnswering(t *testing.T) {
 
 	send(12)
 	assert.Equal(t, uint64(2), waitWC(t, b.cq).ID, "the CQ was armed again: the next completion wakes")
-	assert.True(t, verbs.EventQueued(b.cq))
+	assert.Eventually(t, func() bool { return verbs.EventQueued(b.cq) }, 5*time.Second, time.Millisecond)
 	short2, cancel2 := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel2()
 	assert.ErrorIs(t, b.cq.Wait(short2), context.DeadlineExceeded, "Wait does not return on the event of an earlier completion")
@@ -95,7 +97,7 @@ func TestPollWaitReadsTheEventAfterAnswering(t *testing.T) {
 		defer cancel()
 		waited <- b.cq.Wait(ctx)
 	}()
-	time.Sleep(50 * time.Millisecond)
+	require.Eventually(t, func() bool { return verbs.Waiting(b.cq) }, 10*time.Second, time.Millisecond)
 	send(13)
 	require.NoError(t, <-waited, "a completion after Wait armed the CQ wakes it")
 	assert.Equal(t, uint64(3), waitWC(t, b.cq).ID)
@@ -154,7 +156,12 @@ func TestPollWaitLeavesAtMostOneEventQueued(t *testing.T) {
 			repost(n)
 		}
 	}
-	require.NoError(t, <-done)
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-ctx.Done():
+		t.Fatal("the sender's waits did not see its last completions")
+	}
 	rq, sq := verbs.DrainEvents(b.cq), verbs.DrainEvents(a.cq)
 	t.Logf("events left queued: receiver %d, sender %d", rq, sq)
 	assert.LessOrEqual(t, rq, 1, "events left queued on the receiver's channel")
@@ -170,7 +177,9 @@ func alsoThroughTheProvider(t *testing.T) {
 	}
 	name := t.Name()
 	t.Run("RDMAGO_FASTPATH=off", func(t *testing.T) {
-		cmd := exec.Command(os.Args[0], "-test.run=^"+name+"$", "-test.v", "-test.count=1")
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^"+name+"$", "-test.v", "-test.count=1", "-test.timeout=2m")
 		cmd.Env = append(os.Environ(), "RDMAGO_FASTPATH=off")
 		out, err := cmd.CombinedOutput()
 		require.NoError(t, err, "%s", out)

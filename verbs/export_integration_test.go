@@ -26,3 +26,15 @@ func DrainEvents(c *CQ) int {
 	c.armed.Store(false)
 	return n
 }
+
+// Armed reports whether c is marked armed with its event unread.
+func Armed(c *CQ) bool { return c.armed.Load() }
+
+// Waiting reports whether a goroutine is in a wait on c's channel (past
+// Wait's arming, or in PollWait's steps).
+func Waiting(c *CQ) bool {
+	c.mu.Lock()
+	w := c.wait
+	c.mu.Unlock()
+	return w != nil && w.Busy()
+}

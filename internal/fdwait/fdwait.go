@@ -87,6 +87,15 @@ func (w *Waiter) acquire(ctx context.Context) (kept bool, own *watch) {
 	return true, nil
 }
 
+// Busy reports whether a wait holds the kept watch: for a descriptor with
+// one waiter at a time, whether a wait is in progress (tests use it to
+// know that a waiting goroutine got that far).
+func (w *Waiter) Busy() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.busy
+}
+
 func (w *Waiter) releaseKept() {
 	w.mu.Lock()
 	w.busy = false

@@ -53,8 +53,8 @@ var providers sync.Map
 
 // providerOf tells which provider the function at fn belongs to. dladdr,
 // which walks the loaded objects under the loader's lock, runs once per
-// provider and process, not for every QP and CQ: a provider stays loaded
-// once libibverbs loaded it.
+// function (a provider's post_send and poll_cq) and process, not for every
+// QP and CQ: a provider stays loaded once libibverbs loaded it.
 func providerOf(fn unsafe.Pointer) int {
 	if p, ok := providers.Load(fn); ok {
 		return p.(int)
@@ -82,11 +82,10 @@ func (q *QP) choose() {
 	}
 }
 
-// choose picks the CQ's data path, when it is created. The completion
-// channel is made non-blocking for the Go path, whose raw reads must never
-// wait.
+// choose picks the CQ's data path, when it is created (its completion
+// channel is non-blocking by then: the raw reads must never wait).
 func (c *CQ) choose() {
-	if fastPathOff || syscall.SetNonblock(int(c.ch.fd), true) != nil {
+	if fastPathOff {
 		return
 	}
 	switch providerOf(unsafe.Pointer(c.cq.context.ops.poll_cq)) {

@@ -603,6 +603,13 @@ func (c *Context) CreateCQ(entries int) (cq *CQ, op string, err error) {
 		C.ibv_destroy_comp_channel(ch)
 		return nil, "ibv_create_cq", errnoOf(err)
 	}
+	// Events are only ever taken without waiting (waits are the poller's):
+	// a read of an empty channel must return, on every path.
+	if err := syscall.SetNonblock(int(ch.fd), true); err != nil {
+		C.ibv_destroy_cq(q)
+		C.ibv_destroy_comp_channel(ch)
+		return nil, "making the completion channel non-blocking", err
+	}
 	cq = &CQ{cq: q, ch: ch}
 	// The data path is chosen now, not at the first use: a wait reads
 	// events without the CQ's lock.
@@ -689,8 +696,9 @@ func (c *CQ) eventRead() {
 // event's read. When the CQ is empty and armed, it reads the event off the
 // (non-blocking) channel, if one is there; when that leaves it unarmed, it
 // arms it and polls again. It returns what it polled and whether the CQ is
-// armed with its event unread, which the next step takes as armed; errors
-// are PollArm's.
+// armed with its event unread, which the next step takes as armed, also
+// with an error (PollArm's): unarmed after a failed arming, as it was when
+// the first poll failed.
 //
 // Reading the event only before the next sleep takes that read off a round
 // trip's path: the caller answers first. At most one event is queued, as a
@@ -713,7 +721,7 @@ func (c *CQ) EventPollArm(out []WC, armed bool) (n int, armedAfter bool, err err
 		return c.fast.poll(out), true, nil
 	}
 	if !c.scratchFor(len(out)) {
-		return 0, false, syscall.ENOMEM
+		return 0, armed, syscall.ENOMEM
 	}
 	f := C.int(0)
 	if armed {
@@ -724,7 +732,10 @@ func (c *CQ) EventPollArm(out []WC, armed bool) (n int, armedAfter bool, err err
 	runtime.KeepAlive(out)
 	if r < 0 {
 		n, err = polled(r)
-		return n, false, err
+		if _, notify := err.(*NotifyError); notify {
+			armed = false // the arming failed, after its event (if any) was read
+		}
+		return n, armed, err
 	}
 	if r&(1<<24) != 0 {
 		c.eventRead()
