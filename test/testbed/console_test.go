@@ -70,13 +70,19 @@ func TestKernelLogTailKeepsTheOops(t *testing.T) {
 	assert.Contains(t, plain, "(last 40 lines) ---\nline 60\n")
 }
 
-// A guest whose agent is gone cannot run dmesg: rdmavm's report is then
-// the console's tail, under one label.
-func TestKernelLogOfACrashedGuestIsTheConsole(t *testing.T) {
+// A guest whose agent is gone cannot run dmesg: its kernel log is empty,
+// as the commands it was running end with an error that carries the
+// console's tail, once.
+func TestACrashedGuestsConsoleIsReportedOnce(t *testing.T) {
 	g := writeConsole(t, append(numbered("boot", 100), "Kernel panic - not syncing: Fatal exception"))
-	g.err = errors.New("lost the guest's agent")
-	report := KernelLogTail(g.KernelLog(context.Background()), 40)
-	assert.Equal(t, 1, strings.Count(report, "--- guest kernel log"), report)
-	assert.NotContains(t, report, "--- guest console")
-	assert.Contains(t, report, "Kernel panic - not syncing: Fatal exception\n--- end of guest kernel log ---\n")
+	g.Topology, g.cmds = &Topology{Role: "single"}, map[uint64]*Cmd{}
+	cmd := g.Command(context.Background(), "sleep", "60")
+	cmd.id = 1
+	g.cmds[1] = cmd
+	g.lost(errors.New("EOF"))
+	err := cmd.Wait()
+	var exit *ExitError
+	require.ErrorAs(t, err, &exit)
+	assert.Equal(t, 1, strings.Count(err.Error(), "Kernel panic - not syncing"), err.Error())
+	assert.Empty(t, g.KernelLog(context.Background()))
 }

@@ -424,6 +424,14 @@ func (g *Guest) read() {
 			c.finish(m.Code, m.Err)
 		}
 	}
+	g.lost(err)
+	close(g.readerr)
+}
+
+// lost ends the commands still running when the agent's connection ended
+// with err, and every later one: with the guest's console tail, unless
+// the guest was shut down.
+func (g *Guest) lost(err error) {
 	g.mu.Lock()
 	if g.closed {
 		err = errors.New("guest shut down")
@@ -437,7 +445,6 @@ func (g *Guest) read() {
 	for _, c := range cmds {
 		c.finish(-1, err.Error())
 	}
-	close(g.readerr)
 }
 
 // Role is "single", "a" or "b".
@@ -484,14 +491,14 @@ find:
 	return lines[from:]
 }
 
-// KernelLog returns the guest's dmesg, for failure reports; when dmesg
-// cannot run (a crashed guest), the console's output, which carries the
-// kernel's messages too. Either is unlabelled, for KernelLogTail.
+// KernelLog returns the guest's dmesg, unlabelled (for KernelLogTail), for
+// failure reports; "" when dmesg cannot run. A guest that crashed runs
+// nothing, and the error of every command it was running already ends
+// with its console's tail, which carries the kernel's messages.
 func (g *Guest) KernelLog(ctx context.Context) string {
 	out, err := g.Command(ctx, "dmesg").CombinedOutput()
 	if err != nil {
-		b, _ := os.ReadFile(g.ConsolePath())
-		return string(b)
+		return ""
 	}
 	return string(out)
 }

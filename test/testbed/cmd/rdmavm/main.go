@@ -117,7 +117,10 @@ func execInGuest(ctx context.Context, opts testbed.Options, argv []string) (int,
 	err = cmd.Run()
 	var exit *testbed.ExitError
 	if errors.As(err, &exit) {
-		fmt.Fprintf(os.Stderr, "rdmavm: %v\n%s", err, testbed.KernelLogTail(g.KernelLog(context.Background()), 40))
+		fmt.Fprintf(os.Stderr, "rdmavm: %v\n", err)
+		if log := g.KernelLog(context.Background()); log != "" {
+			fmt.Fprint(os.Stderr, testbed.KernelLogTail(log, 40))
+		}
 		if exit.Code > 0 {
 			return exit.Code, nil
 		}
