@@ -111,8 +111,10 @@ func (c *CQ) Poll(wcs []WorkCompletion) (int, error) {
 // Wait arms the CQ's notification and blocks until a completion arrives
 // after that, or ctx ends. A completion that landed between the caller's
 // last empty poll and the arming wakes nobody: to wait for completions,
-// use [CQ.PollWait], which polls again after arming. One goroutine at a time
-// may wait on a CQ.
+// use [CQ.PollWait], which polls again after arming. After a PollWait, the
+// arming it left may stand, and Wait may then return for a completion that
+// PollWait already returned (one that landed as PollWait armed): poll
+// after Wait, expecting none. One goroutine at a time may wait on a CQ.
 func (c *CQ) Wait(ctx context.Context) error {
 	if err := c.arm(); err != nil {
 		return err

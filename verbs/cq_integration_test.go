@@ -99,7 +99,7 @@ func TestPollWaitReadsTheEventAfterAnswering(t *testing.T) {
 	}()
 	require.Eventually(t, func() bool { return verbs.Waiting(b.cq) }, 10*time.Second, time.Millisecond)
 	send(13)
-	require.NoError(t, <-waited, "a completion after Wait armed the CQ wakes it")
+	require.NoError(t, <-waited, "a completion after Wait began wakes it (the arming it kept)")
 	assert.Equal(t, uint64(3), waitWC(t, b.cq).ID)
 }
 

@@ -127,6 +127,9 @@ static int rdmago_poll_cq(uintptr_t cq, int n, uintptr_t scratch, uintptr_t out)
 	struct ibv_wc *wc = (struct ibv_wc *)scratch;
 	struct rdmago_wc *o = (struct rdmago_wc *)out;
 	int got = ibv_poll_cq((struct ibv_cq *)cq, n, wc);
+	if (got < 0) {
+		return -1; // providers fail with codes of their own (mlx5: -2)
+	}
 	for (int i = 0; i < got; i++) {
 		o[i].wr_id = wc[i].wr_id;
 		o[i].status = wc[i].status;
@@ -148,10 +151,15 @@ static int rdmago_req_notify(struct ibv_cq *cq) {
 	return ibv_req_notify_cq(cq, 0);
 }
 
+// ibv_req_notify_cq's failure as a result below -2 (see polled).
+static int rdmago_notify_failed(int rc) {
+	return -2 - (rc > 0 ? rc : -rc);
+}
+
 // What a wait for completions does before it sleeps, in one crossing:
 // poll; when the CQ is empty and arm is set, arm it and poll again (a
 // completion may have landed before the arming). Returns the completions
-// taken, -1 when the poll failed, or -2 - the error of ibv_req_notify_cq.
+// taken, -1 when a poll failed, or rdmago_notify_failed.
 static int rdmago_poll_arm(uintptr_t cq, int n, uintptr_t scratch, uintptr_t out, int arm) {
 	int got = rdmago_poll_cq(cq, n, scratch, out);
 	if (got != 0 || !arm) {
@@ -159,7 +167,7 @@ static int rdmago_poll_arm(uintptr_t cq, int n, uintptr_t scratch, uintptr_t out
 	}
 	int rc = ibv_req_notify_cq((struct ibv_cq *)cq, 0);
 	if (rc != 0) {
-		return -2 - rc;
+		return rdmago_notify_failed(rc);
 	}
 	return rdmago_poll_cq(cq, n, scratch, out);
 }
@@ -192,8 +200,9 @@ static int rdmago_get_cq_event_u(uintptr_t ch) {
 // and armed (flags bit 0; the channel is non-blocking), read the pending
 // event; when not armed (any more), arm and poll again. The count of
 // completions comes back with bit 24 set when an event was read and bit
-// 25 when the CQ is left armed; errors as rdmago_poll_arm's, after acking
-// an event read (a lost ack would hang ibv_destroy_cq).
+// 25 when the CQ is left armed; errors as rdmago_poll_arm's, and -2 when
+// the poll after a successful arming failed, after acking an event read
+// (a lost ack would hang ibv_destroy_cq).
 static int rdmago_event_poll_arm(uintptr_t ch, uintptr_t cq, int n, uintptr_t scratch, uintptr_t out, int flags) {
 	int armed = flags & 1, ev = 0;
 	int got = rdmago_poll_cq(cq, n, scratch, out);
@@ -215,7 +224,7 @@ static int rdmago_event_poll_arm(uintptr_t ch, uintptr_t cq, int n, uintptr_t sc
 		if (ev) {
 			ibv_ack_cq_events((struct ibv_cq *)cq, 1);
 		}
-		return rc != 0 ? -2 - rc : got;
+		return rc != 0 ? rdmago_notify_failed(rc) : -2;
 	}
 	return got | ev << 24 | 1 << 25;
 }
@@ -666,13 +675,13 @@ func (c *CQ) scratchFor(n int) bool {
 	return true
 }
 
-// polled turns rdmago_poll_arm's result (a count, -1 for a failed poll,
-// -2-errno for a failed arming) into a count or an error.
+// polled turns rdmago_poll_arm's result (a count, -1 or -2 for a failed
+// poll, -2-errno for a failed arming) into a count or an error.
 func polled(n int) (int, error) {
 	switch {
-	case n == -1:
+	case n == -1, n == -2:
 		return 0, syscall.EIO
-	case n < -1:
+	case n < -2:
 		return 0, &NotifyError{syscall.Errno(-2 - n)}
 	}
 	return n, nil
@@ -697,8 +706,8 @@ func (c *CQ) eventRead() {
 // (non-blocking) channel, if one is there; when that leaves it unarmed, it
 // arms it and polls again. It returns what it polled and whether the CQ is
 // armed with its event unread, which the next step takes as armed, also
-// with an error (PollArm's): unarmed after a failed arming, as it was when
-// the first poll failed.
+// with an error (PollArm's): unarmed after a failed arming, armed when the
+// poll after it failed, as it was when the first poll failed.
 //
 // Reading the event only before the next sleep takes that read off a round
 // trip's path: the caller answers first. At most one event is queued, as a
@@ -732,7 +741,10 @@ func (c *CQ) EventPollArm(out []WC, armed bool) (n int, armedAfter bool, err err
 	runtime.KeepAlive(out)
 	if r < 0 {
 		n, err = polled(r)
-		if _, notify := err.(*NotifyError); notify {
+		switch {
+		case r == -2:
+			armed = true // the poll after the arming failed
+		case r < -2:
 			armed = false // the arming failed, after its event (if any) was read
 		}
 		return n, armed, err
