@@ -35,6 +35,7 @@ type Cmd struct {
 	once  sync.Once
 	code  int
 	msg   string
+	lost  bool // the guest died under the command
 }
 
 // ExitError reports a command that ended unsuccessfully in a guest.
@@ -43,6 +44,9 @@ type ExitError struct {
 	Args  []string
 	Code  int    // exit status, -1 when killed or never started
 	Msg   string // why, when there is no exit status
+	// GuestLost: the guest died or was killed under the command, and Msg
+	// ends with its console's tail.
+	GuestLost bool
 }
 
 func (e *ExitError) Error() string {
@@ -136,7 +140,7 @@ func (c *Cmd) Wait() error {
 	if c.ctx != nil && c.ctx.Err() != nil {
 		msg = strings.TrimSpace(msg + " (" + c.ctx.Err().Error() + ")")
 	}
-	return &ExitError{Guest: c.guest.Role(), Args: c.Args, Code: c.code, Msg: msg}
+	return &ExitError{Guest: c.guest.Role(), Args: c.Args, Code: c.code, Msg: msg, GuestLost: c.lost}
 }
 
 // Run starts the command and waits for it.

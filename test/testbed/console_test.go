@@ -70,9 +70,9 @@ func TestKernelLogTailKeepsTheOops(t *testing.T) {
 	assert.Contains(t, plain, "(last 40 lines) ---\nline 60\n")
 }
 
-// A guest whose agent is gone cannot run dmesg: its kernel log is empty,
-// as the commands it was running end with an error that carries the
-// console's tail, once.
+// A command that a crashed guest was running fails with the console's
+// tail, once, and says the guest was lost (rdmavm then adds no kernel log).
+// dmesg cannot run in such a guest: its kernel log is the console.
 func TestACrashedGuestsConsoleIsReportedOnce(t *testing.T) {
 	g := writeConsole(t, append(numbered("boot", 100), "Kernel panic - not syncing: Fatal exception"))
 	g.Topology, g.cmds = &Topology{Role: "single"}, map[uint64]*Cmd{}
@@ -83,6 +83,11 @@ func TestACrashedGuestsConsoleIsReportedOnce(t *testing.T) {
 	err := cmd.Wait()
 	var exit *ExitError
 	require.ErrorAs(t, err, &exit)
+	assert.True(t, exit.GuestLost)
 	assert.Equal(t, 1, strings.Count(err.Error(), "Kernel panic - not syncing"), err.Error())
-	assert.Empty(t, g.KernelLog(context.Background()))
+
+	report := KernelLogTail(g.KernelLog(context.Background()), 40)
+	assert.Equal(t, 1, strings.Count(report, "--- guest kernel log"), report)
+	assert.NotContains(t, report, "--- guest console")
+	assert.Contains(t, report, "Kernel panic - not syncing: Fatal exception\n--- end of guest kernel log ---\n")
 }

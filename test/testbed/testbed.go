@@ -433,7 +433,8 @@ func (g *Guest) read() {
 // the guest was shut down.
 func (g *Guest) lost(err error) {
 	g.mu.Lock()
-	if g.closed {
+	closed := g.closed
+	if closed {
 		err = errors.New("guest shut down")
 	} else {
 		err = fmt.Errorf("lost the guest's agent (guest crashed or was killed): %w\n%s", err, g.consoleTail(40))
@@ -443,6 +444,7 @@ func (g *Guest) lost(err error) {
 	g.cmds = map[uint64]*Cmd{}
 	g.mu.Unlock()
 	for _, c := range cmds {
+		c.lost = !closed
 		c.finish(-1, err.Error())
 	}
 }
@@ -492,13 +494,13 @@ find:
 }
 
 // KernelLog returns the guest's dmesg, unlabelled (for KernelLogTail), for
-// failure reports; "" when dmesg cannot run. A guest that crashed runs
-// nothing, and the error of every command it was running already ends
-// with its console's tail, which carries the kernel's messages.
+// failure reports; when dmesg cannot run (a guest that crashed), the
+// console's output, which carries the kernel's messages too.
 func (g *Guest) KernelLog(ctx context.Context) string {
 	out, err := g.Command(ctx, "dmesg").CombinedOutput()
 	if err != nil {
-		return ""
+		b, _ := os.ReadFile(g.ConsolePath())
+		return string(b)
 	}
 	return string(out)
 }

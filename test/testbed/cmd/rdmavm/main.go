@@ -118,8 +118,8 @@ func execInGuest(ctx context.Context, opts testbed.Options, argv []string) (int,
 	var exit *testbed.ExitError
 	if errors.As(err, &exit) {
 		fmt.Fprintf(os.Stderr, "rdmavm: %v\n", err)
-		if log := g.KernelLog(context.Background()); log != "" {
-			fmt.Fprint(os.Stderr, testbed.KernelLogTail(log, 40))
+		if !exit.GuestLost { // else the error ends with the console's tail
+			fmt.Fprint(os.Stderr, testbed.KernelLogTail(g.KernelLog(context.Background()), 40))
 		}
 		if exit.Code > 0 {
 			return exit.Code, nil
