@@ -158,10 +158,7 @@ func TestFailureDeliversWhatArrived(t *testing.T) {
 		cfg := &Config{MaxMessageSize: 1024, Credits: 8}
 		client, server := pair(t, d, cfg, cfg)
 		ctx := ctxFor(t, 30*time.Second)
-		require.NoError(t, client.Send(ctx, []byte("warm up")))
-		m, err := server.Recv(ctx)
-		require.NoError(t, err)
-		m.Release()
+		deliverOne(t, ctx, client, server)
 		time.Sleep(100 * time.Millisecond) // the server's goroutine waits for receives
 
 		// Woken for its housekeeping, the server's goroutine waits for the
@@ -191,7 +188,7 @@ func TestFailureDeliversWhatArrived(t *testing.T) {
 			assert.Equal(t, payload(i, 1000), m.Bytes())
 			m.Release()
 		}
-		_, err = server.Recv(ctx)
+		_, err := server.Recv(ctx)
 		assert.ErrorIs(t, err, injected)
 		assert.ErrorIs(t, err, ErrTransport)
 		_, err = client.Recv(ctx)
@@ -274,10 +271,7 @@ func TestSendWaitingOnAStrandedRequestEndsWithTheConnection(t *testing.T) {
 		cfg := &Config{MaxMessageSize: 1024, Credits: 8, SendBuffers: 2}
 		client, server := pair(t, d, cfg, cfg)
 		ctx := ctxFor(t, 30*time.Second)
-		require.NoError(t, client.Send(ctx, []byte("warm up")))
-		m, err := server.Recv(ctx)
-		require.NoError(t, err)
-		m.Release()
+		deliverOne(t, ctx, client, server)
 		for sent, deadline := false, time.Now().Add(10*time.Second); !sent; time.Sleep(10 * time.Millisecond) {
 			require.True(t, time.Now().Before(deadline), "the warm-up's send never completed")
 			client.mu.Lock()

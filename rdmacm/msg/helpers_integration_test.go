@@ -109,6 +109,16 @@ func ctxFor(t *testing.T, d time.Duration) context.Context {
 	return ctx
 }
 
+// deliverOne sends a message from one side and receives and releases it
+// on the other: the connection is set up and working both ways.
+func deliverOne(t *testing.T, ctx context.Context, from, to *Conn) {
+	t.Helper()
+	require.NoError(t, from.Send(ctx, []byte("warm up")))
+	m, err := to.Recv(ctx)
+	require.NoError(t, err)
+	m.Release()
+}
+
 // listen listens on a fresh port of d until the test ends.
 func listen(t *testing.T, d device, cfg *Config) (*Listener, string) {
 	t.Helper()
