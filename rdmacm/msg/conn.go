@@ -1015,9 +1015,11 @@ func (c *Conn) tookLocked(wcs []verbs.WorkCompletion) {
 	// (which may not come while the application holds the rest).
 	if len(c.released) > 0 && c.led.starving() {
 		c.flushLocked(false)
-		if !c.sendCreditsLocked() {
-			c.wakeLocked() // its goroutine waits for a control buffer
-		}
+	}
+	// A grant that found no reply slot at its release goes out with the
+	// first slot these frames gave back.
+	if !c.sendCreditsLocked() {
+		c.wakeLocked() // its goroutine waits for a control buffer
 	}
 }
 

@@ -29,7 +29,12 @@ import "fmt"
 // Why no side waits for ever: a sender out of credits sent its last frames
 // with flagSlot while it had slots to give; the receiver therefore holds a
 // reply slot (or has a CREDIT frame on the way), and grants as soon as its
-// application releases a message. So receive buffers never run out on
+// application releases a message. A grant made while the receiver's slots
+// were all used by CREDIT frames waits for the frames those CREDIT frames
+// let the sender send: they give slots back, and their arrival sends it
+// (checked by TestLedgerNeverOverrunsAndNeverStalls after every burst, and
+// on the devices by TestGrantOwedForWantOfAReplySlotGoesOutWithTheNextSlot).
+// So receive buffers never run out on
 // either side (no receiver-not-ready), and a side waits for credits only
 // while its peer's application holds that many messages.
 type ledger struct {

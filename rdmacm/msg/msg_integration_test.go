@@ -195,6 +195,75 @@ func TestBackpressureSlowReceiver(t *testing.T) {
 	})
 }
 
+// A receiver that gives messages back while it holds no reply slot (its
+// CREDIT frames used them all) owes the grant until the sender's next
+// frames give slots back; then it must send it, without waiting for
+// another release: an application that keeps its messages until more
+// arrive would otherwise wait for the sender, and the sender for it.
+func TestGrantOwedForWantOfAReplySlotGoesOutWithTheNextSlot(t *testing.T) {
+	forEachDevice(t, func(t *testing.T, d device) {
+		checkNoLeaks(t)
+		const credits = 16
+		client, server := pair(t, d, &Config{SendBuffers: 64}, &Config{Credits: credits})
+		ctx := ctxFor(t, 60*time.Second)
+		sent := 0
+		// fill sends until the client waits for credit.
+		fill := func() {
+			for {
+				short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+				err := client.Send(short, payload(sent, 100))
+				cancel()
+				if err != nil {
+					require.ErrorIs(t, err, context.DeadlineExceeded, "after %d messages", sent)
+					return
+				}
+				sent++
+			}
+		}
+		var held []*Message
+		got := 0
+		// take has the server take every message that arrived, and keep it.
+		take := func() {
+			for {
+				short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+				m, err := server.Recv(short)
+				cancel()
+				if err != nil {
+					require.ErrorIs(t, err, context.DeadlineExceeded)
+					return
+				}
+				require.Equal(t, payload(got, 100), m.Bytes(), "message %d", got)
+				got++
+				held = append(held, m)
+			}
+		}
+		for round := range 4 {
+			fill()
+			take()
+			require.Equal(t, sent, got, "round %d: every message sent arrived", round)
+			if len(held) < credits-1 {
+				// The client must not be waiting: the server holds fewer
+				// than its credits (but the one kept for FIN).
+				err := client.Send(ctxFor(t, 5*time.Second), payload(sent, 100))
+				require.NoError(t, err, "round %d: the client waits for credit while the server holds %d of its %d credits",
+					round, len(held), credits)
+				sent++
+				take()
+			}
+			// One release at a time, one more than the reply slots: the last
+			// grant finds no slot.
+			for range replySlots + 1 {
+				held[0].Release()
+				held = held[1:]
+			}
+		}
+		t.Logf("%d messages sent", sent)
+		for _, m := range held {
+			m.Release()
+		}
+	})
+}
+
 // rawPeer is a plain rdmacm connection that speaks the protocol badly on
 // purpose, with a hello of its own.
 type rawPeer struct {
