@@ -9,8 +9,11 @@ package ibv
 #include <infiniband/verbs.h>
 
 // Which provider fn is code of, by the file it was loaded from: 1 for
-// libsiw (libsiw-rdmavNN.so), 2 for librxe, 0 for another. Only a QP or CQ
-// whose functions are libsiw's or librxe's is that provider's struct.
+// libsiw, 2 for librxe, 0 for another. Only a QP or CQ whose functions are
+// libsiw's or librxe's is that provider's struct, and only the builds of
+// private ABI 34 (rdma-core 34 to 56) have the struct layouts that the
+// checks of siwQPFor and rxeQPFor read: an older librxe's structs are
+// smaller, and reading past them could fault. Others take the C path.
 static int rdmago_provider_of(void *fn) {
 	Dl_info info;
 	if (fn == NULL || dladdr(fn, &info) == 0 || info.dli_fname == NULL) {
@@ -18,10 +21,10 @@ static int rdmago_provider_of(void *fn) {
 	}
 	const char *base = strrchr(info.dli_fname, '/');
 	base = base ? base + 1 : info.dli_fname;
-	if (strncmp(base, "libsiw-", 7) == 0) {
+	if (strcmp(base, "libsiw-rdmav34.so") == 0) {
 		return 1;
 	}
-	if (strncmp(base, "librxe-", 7) == 0) {
+	if (strcmp(base, "librxe-rdmav34.so") == 0) {
 		return 2;
 	}
 	return 0;
