@@ -321,3 +321,71 @@ func echoPeer(addr string, imm bool) {
 		}
 	}
 }
+
+// A send posted before the QP is in RTS is queued, and its doorbell fails
+// (rxe and siw take none before RTS): the error says so, and the request
+// goes out, first, with the doorbell of the next post once connected.
+// libsiw never rings for it again (it takes a valid slot before a batch
+// for work under way), so with RDMAGO_FASTPATH=off on siw the error says
+// that instead.
+func TestSendPostedBeforeRTSGoesOutWithTheNextPost(t *testing.T) {
+	goPath := os.Getenv("RDMAGO_FASTPATH") != "off"
+	if goPath && os.Getenv("RDMAGO_DATAPATH_CHILD") == "" {
+		t.Run("RDMAGO_FASTPATH=off", func(t *testing.T) {
+			cmd := exec.Command(os.Args[0], "-test.run=^TestSendPostedBeforeRTSGoesOutWithTheNextPost$", "-test.v", "-test.count=1")
+			cmd.Env = append(os.Environ(), "RDMAGO_FASTPATH=off", "RDMAGO_DATAPATH_CHILD=1")
+			out, err := cmd.CombinedOutput()
+			require.NoError(t, err, "%s", out)
+			assert.Contains(t, string(out), "--- PASS: TestSendPostedBeforeRTSGoesOutWithTheNextPost")
+		})
+	}
+	forEachDevice(t, func(t *testing.T, d device) {
+		checkNoLeaks(t)
+		var cmr *verbs.MR
+		var early error
+		dl := &rdmacm.Dialer{}
+		dl.BeforeConnect = func(s rdmacm.Setup) error {
+			var err error
+			if cmr, err = s.RegisterMemory(4096, 0); err != nil {
+				return err
+			}
+			copy(cmr.Bytes(), "early")
+			early = s.QP().PostSend(verbs.SendWR{ID: 1, Opcode: verbs.OpSend, Flags: verbs.SendSignaled, SGEs: []verbs.SGE{cmr.SGE(0, 5)}})
+			return nil
+		}
+		var smr *verbs.MR
+		lc := &rdmacm.ListenConfig{}
+		lc.BeforeConnect = func(s rdmacm.Setup) error {
+			var err error
+			if smr, err = s.RegisterMemory(8192, verbs.AccessLocalWrite); err != nil {
+				return err
+			}
+			if err := s.PostRecv(smr, 0, 4096); err != nil {
+				return err
+			}
+			return s.PostRecv(smr, 4096, 4096)
+		}
+		client, server := pairWith(t, d, dl, lc)
+
+		require.Error(t, early, "a send before RTS")
+		assert.Contains(t, early.Error(), "the doorbell, after all 1 work requests were queued")
+		assert.Contains(t, early.Error(), "sends need RTS")
+		if !goPath && d.iwarp {
+			assert.Contains(t, early.Error(), "libsiw will not ring for them again")
+			return // and the request stays on the ring: nothing more to see
+		}
+		assert.Contains(t, early.Error(), "to go out with the doorbell of a later post in RTS")
+
+		copy(cmr.Bytes()[100:], "late")
+		require.NoError(t, client.QP().PostSend(verbs.SendWR{ID: 2, Opcode: verbs.OpSend, Flags: verbs.SendSignaled,
+			SGEs: []verbs.SGE{cmr.SGE(100, 4)}}))
+		ctx := ctxFor(t, 10*time.Second)
+		for i, want := range []string{"early", "late"} {
+			wc, err := server.Recv(ctx)
+			require.NoError(t, err, "message %d (%s)", i, want)
+			off := int(wc.ID - smr.Addr())
+			assert.Equal(t, want, string(smr.Bytes()[off:off+int(wc.ByteLen)]))
+			assert.Equal(t, uint64(i+1), waitOne(t, client.SendCQ()).ID)
+		}
+	})
+}

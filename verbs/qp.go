@@ -246,6 +246,10 @@ func (q *QP) PostSend(wrs ...SendWR) error {
 			e.Detail = fmt.Sprintf("the doorbell, after all %d work requests were queued", len(wrs))
 			queued := "the requests stay queued, to go out with the doorbell of a later post in RTS or to be " +
 				"flushed when the QP goes to ERR"
+			if !q.qp.LaterPostRings() {
+				queued = "the requests stay queued, and libsiw will not ring for them again (it rings only for " +
+					"a send queue it finds idle): move the QP to ERR to flush them"
+			}
 			if e.Hint != "" {
 				queued = e.Hint + "; " + queued
 			}

@@ -67,6 +67,14 @@ func providerOf(fn unsafe.Pointer) int {
 	return p
 }
 
+// LaterPostRings reports whether a later post rings the doorbell for
+// requests that a failed one left queued: the Go paths and librxe do;
+// libsiw rings only for a send queue it finds idle, which those requests
+// make it look busy.
+func (q *QP) LaterPostRings() bool {
+	return q.fast != nil || providerOf(unsafe.Pointer(q.p.context.ops.post_send)) != providerSiw
+}
+
 // choose picks the QP's data path, at its first post.
 func (q *QP) choose() {
 	q.chosen = true

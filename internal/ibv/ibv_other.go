@@ -82,6 +82,7 @@ func AdoptQP(p unsafe.Pointer, destroy func() error) *QP { return &QP{} }
 
 func (q *QP) Num() uint32                                     { return 0 }
 func (q *QP) State() int                                      { return 0 }
+func (q *QP) LaterPostRings() bool                            { return true }
 func (q *QP) QueryState() (int, error)                        { return 0, ErrNoCgo }
 func (q *QP) Query(mask uint32) (QPAttr, error)               { return QPAttr{}, ErrNoCgo }
 func (q *QP) Modify(a *QPAttr, mask uint32) error             { return ErrNoCgo }

@@ -89,6 +89,10 @@ type siwQP struct {
 	// doorbell asks the kernel to process the send queue (libsiw's
 	// siw_db, a write of a prebuilt POST_SEND command); 0 or the errno.
 	doorbell func() syscall.Errno
+	// owed: a doorbell failed (the QP was not in RTS yet) and left its
+	// requests on the ring, where the rule of post would take them for
+	// work under way and never ring for them again.
+	owed bool
 }
 
 // post pushes the send requests d, whose SGEs follow each other in sges,
@@ -122,22 +126,27 @@ func (q *siwQP) post(d []SendDesc, sges []SGE) (bad int, err error) {
 		s += n
 		put++
 	}
-	if queued := put - first; queued > 0 {
-		// libsiw's rule: when the slot before this batch is no longer
-		// valid, the kernel has taken everything before it and may be
-		// idle, so ring; when it is still valid, the kernel is busy on
-		// this queue and will reach the new requests by itself. A batch
-		// that filled the whole queue always rings.
-		ring := true
-		if queued < q.sqSize {
-			prev := (*uint32)(unsafe.Add(q.sq, uintptr((first-1)&(q.sqSize-1))*siwSQESize+8))
-			ring = atomic.LoadUint32(prev)&siwValid == 0
+	queued := put - first
+	// libsiw's rule: when the slot before this batch is no longer valid,
+	// the kernel has taken everything before it and may be idle, so ring;
+	// when it is still valid, the kernel is busy on this queue and will
+	// reach the new requests by itself. A batch that filled the whole
+	// queue always rings. Unlike libsiw, a doorbell owed since one failed
+	// is rung by the next post, even one that queued nothing (the queue may
+	// be full of the requests it left).
+	ring := q.owed || queued == q.sqSize
+	if queued > 0 && !ring {
+		prev := (*uint32)(unsafe.Add(q.sq, uintptr((first-1)&(q.sqSize-1))*siwSQESize+8))
+		ring = atomic.LoadUint32(prev)&siwValid == 0
+	}
+	if ring {
+		e := q.doorbell()
+		q.owed = e != 0
+		if e != 0 && err == nil {
+			err = e
 		}
-		if ring {
-			if e := q.doorbell(); e != 0 && err == nil {
-				err = e
-			}
-		}
+	}
+	if queued > 0 {
 		*q.sqPut = put
 	}
 	return bad, err

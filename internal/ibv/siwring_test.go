@@ -166,6 +166,49 @@ func TestSIWDoorbellOnlyWhenTheKernelMayBeIdle(t *testing.T) {
 	assert.Equal(t, uint32(8), f.sqPut)
 }
 
+// A doorbell that failed (siw refuses it before RTS) leaves its requests
+// valid on the ring, where libsiw's rule takes them for work under way:
+// the next post rings for them, even one that finds the queue full of
+// them, and a doorbell that fails again stays owed.
+func TestSIWFailedDoorbellIsRungByTheNextPost(t *testing.T) {
+	f := newFakeSIW(4, 4, 16)
+	one := []SendDesc{{ID: 1, Opcode: wrSend}}
+	f.ringErr = syscall.ENOTCONN
+	bad, err := f.qp.post(one, nil)
+	assert.ErrorIs(t, err, syscall.ENOTCONN)
+	assert.Equal(t, -1, bad, "queued, then the doorbell failed")
+	assert.Equal(t, 1, f.rings)
+
+	// Still not in RTS: the next post rings, fails again, and the
+	// doorbell stays owed.
+	_, err = f.qp.post(one, nil)
+	assert.ErrorIs(t, err, syscall.ENOTCONN)
+	assert.Equal(t, 2, f.rings, "rung though the slot before is valid")
+
+	// A full queue of requests nobody rang for: the post that finds no
+	// slot rings, and the kernel takes them.
+	_, err = f.qp.post([]SendDesc{{ID: 3, Opcode: wrSend}, {ID: 4, Opcode: wrSend}}, nil)
+	assert.ErrorIs(t, err, syscall.ENOTCONN)
+	assert.Equal(t, 3, f.rings)
+	f.ringErr = 0
+	bad, err = f.qp.post(one, nil)
+	assert.ErrorIs(t, err, syscall.ENOMEM, "the queue is full")
+	assert.Equal(t, 0, bad)
+	assert.Equal(t, 4, f.rings, "the owed doorbell rings though nothing was queued")
+	for range 4 {
+		_, _, ok := f.activate()
+		require.True(t, ok)
+	}
+
+	// Paid: the rule is libsiw's again.
+	_, err = f.qp.post(one, nil)
+	require.NoError(t, err)
+	assert.Equal(t, 5, f.rings, "the kernel took everything: ring")
+	_, err = f.qp.post(one, nil)
+	require.NoError(t, err)
+	assert.Equal(t, 5, f.rings, "no doorbell while the slot before is still valid")
+}
+
 func TestSIWPostSendRefusals(t *testing.T) {
 	f := newFakeSIW(4, 4, 16)
 	sges := make([]SGE, 8)
