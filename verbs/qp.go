@@ -3,6 +3,7 @@ package verbs
 import (
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"sync"
 	"syscall"
@@ -221,7 +222,11 @@ func (q *QP) PostSend(wrs ...SendWR) error {
 			}
 			d.SetAH(w.AH.ah)
 		}
-		s += copySGEs(sges[s:], w.SGEs)
+		n, bytes := copySGEs(sges[s:], w.SGEs)
+		if err := q.tooLong("ibv_post_send", i, len(wrs), bytes); err != nil {
+			return err
+		}
+		s += n
 	}
 	if bad, err := q.qp.PostSend(len(wrs)); err != nil {
 		e := &OpError{Op: "ibv_post_send", Device: q.pd.dev.Info.Name, QPN: q.QPN, Err: err}
@@ -260,11 +265,25 @@ func (q *QP) PostSend(wrs ...SendWR) error {
 	return nil
 }
 
-func copySGEs(dst []ibv.SGE, src []SGE) int {
+// copySGEs copies a work request's SGEs and adds up their bytes.
+func copySGEs(dst []ibv.SGE, src []SGE) (n int, bytes uint64) {
 	for i, s := range src {
 		dst[i] = ibv.SGE(s)
+		bytes += uint64(s.Length)
 	}
-	return len(src)
+	return len(src), bytes
+}
+
+// tooLong refuses a work request whose SGEs add up to more than its
+// 32-bit length holds: the providers add them in 32 bits, and a sum that
+// wraps would move fewer bytes than asked, silently.
+func (q *QP) tooLong(op string, i, n int, bytes uint64) error {
+	if bytes <= math.MaxUint32 {
+		return nil
+	}
+	return &OpError{Op: op, Device: q.pd.dev.Info.Name, QPN: q.QPN, Err: syscall.EINVAL,
+		Detail: fmt.Sprintf("work request %d of %d", i, n),
+		Hint:   fmt.Sprintf("its SGEs add up to %d bytes; a work request carries at most 4 GiB - 1 (and the device's MaxMsgSize)", bytes)}
 }
 
 // PostRecv posts receive work requests as one batch, as PostSend does.
@@ -288,7 +307,11 @@ func (q *QP) PostRecv(wrs ...RecvWR) error {
 	s := 0
 	for i, w := range wrs {
 		desc[i] = ibv.RecvDesc{ID: w.ID, NumSGE: uint32(len(w.SGEs))}
-		s += copySGEs(sges[s:], w.SGEs)
+		n, bytes := copySGEs(sges[s:], w.SGEs)
+		if err := q.tooLong("ibv_post_recv", i, len(wrs), bytes); err != nil {
+			return err
+		}
+		s += n
 	}
 	if _, err := q.qp.PostRecv(len(wrs)); err != nil {
 		e := &OpError{Op: "ibv_post_recv", Device: q.pd.dev.Info.Name, QPN: q.QPN, Err: err}

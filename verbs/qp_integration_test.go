@@ -426,3 +426,23 @@ func TestClosedQPAndCQRefuseUse(t *testing.T) {
 		assert.ErrorContains(t, err, "is closed", use)
 	}
 }
+
+// A work request whose SGEs add up to more than its 32-bit length is
+// refused before the provider, which would add them in 32 bits and move
+// the wrapped, smaller length.
+func TestWorkRequestOver4GiBIsRefused(t *testing.T) {
+	checkNoLeaks(t)
+	dev, pd, _, _, _ := openRXE(t)
+	e := newEndpoint(t, dev, pd, verbs.QPTypeRC)
+	base := e.mr.SGE(0, 16)
+	sges := []verbs.SGE{{Addr: base.Addr, Length: 0xfffffff0, LKey: base.LKey}, {Addr: base.Addr, Length: 0x20, LKey: base.LKey}}
+	errs := map[string]error{
+		"send": e.qp.PostSend(verbs.SendWR{ID: 1, Opcode: verbs.OpSend}, verbs.SendWR{ID: 2, Opcode: verbs.OpSend, SGEs: sges}),
+		"recv": e.qp.PostRecv(verbs.RecvWR{ID: 1}, verbs.RecvWR{ID: 2, SGEs: sges}),
+	}
+	for op, err := range errs {
+		assert.ErrorIs(t, err, syscall.EINVAL, op)
+		assert.ErrorContains(t, err, "work request 1 of 2", op)
+		assert.ErrorContains(t, err, "its SGEs add up to 4294967312 bytes", op)
+	}
+}
