@@ -1422,17 +1422,35 @@ func (c *Conn) free() error {
 }
 
 // drain waits until every send has completed, the connection failed, or
-// ctx ends.
+// ctx ends. It never waits for the send CQ itself: another goroutine may
+// be reaping it (a Send short of buffers under its own context, the
+// connection's goroutine short of a control buffer until loopStop, which
+// comes after drain), and a silent peer completes nothing. drain then
+// watches what that reaper takes, and looks for the CQ again now and then,
+// as the reaper may stop without taking anything.
 func (c *Conn) drain(ctx context.Context) {
 	for ctx.Err() == nil {
 		c.mu.Lock()
 		busy := c.inSQ > 0 || len(c.freeCtl) < replySlots
 		dead := c.failed != nil || c.rc.Err() != nil
-		c.mu.Unlock()
 		if !busy || dead {
+			c.mu.Unlock()
 			return
 		}
-		c.scqMu.Lock()
+		if !c.scqMu.TryLock() {
+			ch := c.changedLocked()
+			c.mu.Unlock()
+			t := time.NewTimer(10 * time.Millisecond)
+			select {
+			case <-ch:
+			case <-t.C:
+			case <-c.rc.Done():
+			case <-ctx.Done():
+			}
+			t.Stop()
+			continue
+		}
+		c.mu.Unlock()
 		err := c.reapWait(ctx)
 		c.scqMu.Unlock()
 		if err != nil {
