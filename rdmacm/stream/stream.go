@@ -83,12 +83,13 @@ func (s *Conn) opError(op string, err error) error {
 }
 
 // ioError turns an error of package msg into Read's or Write's, given the
-// deadline the call waited under.
+// deadline the call waited under. A failure of the connection is reported
+// as such, even if the deadline passed meanwhile.
 func (s *Conn) ioError(op string, err error, d *deadline) error {
 	switch {
 	case s.closeCtx.Err() != nil || errors.Is(err, msg.ErrClosed):
 		return s.opError(op, net.ErrClosed)
-	case d.expired():
+	case d.expired() && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)):
 		return s.opError(op, os.ErrDeadlineExceeded)
 	}
 	return s.opError(op, err)
@@ -218,14 +219,32 @@ func (s *Conn) Close() error {
 	return s.closeErr
 }
 
+// SetDeadline sets the read and write deadlines; after Close it fails
+// with net.ErrClosed, as a net.TCPConn's does.
 func (s *Conn) SetDeadline(t time.Time) error {
+	if s.closeCtx.Err() != nil {
+		return s.opError("set", net.ErrClosed)
+	}
 	s.rd.set(t)
 	s.wd.set(t)
 	return nil
 }
 
-func (s *Conn) SetReadDeadline(t time.Time) error  { s.rd.set(t); return nil }
-func (s *Conn) SetWriteDeadline(t time.Time) error { s.wd.set(t); return nil }
+func (s *Conn) SetReadDeadline(t time.Time) error {
+	if s.closeCtx.Err() != nil {
+		return s.opError("set", net.ErrClosed)
+	}
+	s.rd.set(t)
+	return nil
+}
+
+func (s *Conn) SetWriteDeadline(t time.Time) error {
+	if s.closeCtx.Err() != nil {
+		return s.opError("set", net.ErrClosed)
+	}
+	s.wd.set(t)
+	return nil
+}
 
 // deadline is one direction's deadline as a context: setting it cancels
 // the context a blocked call waits under, which then looks again.

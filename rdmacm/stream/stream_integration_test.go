@@ -255,6 +255,10 @@ func TestCloseDoesNotHang(t *testing.T) {
 		assert.Less(t, time.Since(start), 4*time.Second)
 		_, err = c1.Read(make([]byte, 1))
 		assert.ErrorIs(t, err, net.ErrClosed)
+		for name, set := range map[string]func(time.Time) error{"SetDeadline": c1.SetDeadline,
+			"SetReadDeadline": c1.SetReadDeadline, "SetWriteDeadline": c1.SetWriteDeadline} {
+			assert.ErrorIs(t, set(time.Now().Add(time.Second)), net.ErrClosed, "%s after Close, as on a net.TCPConn", name)
+		}
 
 		l, err := Listen(context.Background(), nil, d.next(), nil)
 		require.NoError(t, err)
