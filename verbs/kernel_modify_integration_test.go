@@ -17,87 +17,6 @@ import (
 	"github.com/rdmago/rdmago/test/testbed"
 )
 
-// The kernel's own table for ibv_modify_qp: qp_state_table and
-// ib_modify_qp_is_ok in drivers/infiniband/core/verbs.c (read in a 5.1x
-// mainline tree; the test bed's Debian 6.1 kernel answers by it), transcribed
-// here for RC, UC and UD apart from the model so the experiment below can
-// walk it. STATE is not in it: the kernel takes the
-// target state from STATE and otherwise stays in the current one.
-type kernelRow struct{ req, opt AttrMask }
-
-var kernelValid = map[QPState][]QPState{
-	QPStateReset: {QPStateReset, QPStateInit},
-	QPStateInit:  {QPStateReset, QPStateErr, QPStateInit, QPStateRTR},
-	QPStateRTR:   {QPStateReset, QPStateErr, QPStateRTS},
-	QPStateRTS:   {QPStateReset, QPStateErr, QPStateRTS, QPStateSQD},
-	QPStateSQD:   {QPStateReset, QPStateErr, QPStateRTS, QPStateSQD},
-	QPStateSQE:   {QPStateReset, QPStateErr, QPStateRTS},
-	QPStateErr:   {QPStateReset, QPStateErr},
-}
-
-var kernelTable = map[QPType]map[Transition]kernelRow{
-	QPTypeUD: {
-		{QPStateReset, QPStateInit}: {req: AttrPKeyIndex | AttrPort | AttrQKey},
-		{QPStateInit, QPStateInit}:  {opt: AttrPKeyIndex | AttrPort | AttrQKey},
-		{QPStateInit, QPStateRTR}:   {opt: AttrPKeyIndex | AttrQKey},
-		{QPStateRTR, QPStateRTS}:    {req: AttrSQPSN, opt: AttrCurState | AttrQKey},
-		{QPStateRTS, QPStateRTS}:    {opt: AttrCurState | AttrQKey},
-		{QPStateRTS, QPStateSQD}:    {opt: AttrEnSQDAsyncNotify},
-		{QPStateSQD, QPStateRTS}:    {opt: AttrCurState | AttrQKey},
-		{QPStateSQD, QPStateSQD}:    {opt: AttrPKeyIndex | AttrQKey},
-		{QPStateSQE, QPStateRTS}:    {opt: AttrCurState | AttrQKey},
-	},
-	QPTypeUC: {
-		{QPStateReset, QPStateInit}: {req: AttrPKeyIndex | AttrPort | AttrAccessFlags},
-		{QPStateInit, QPStateInit}:  {opt: AttrPKeyIndex | AttrPort | AttrAccessFlags},
-		{QPStateInit, QPStateRTR}: {req: AttrAV | AttrPathMTU | AttrDestQPN | AttrRQPSN,
-			opt: AttrAltPath | AttrAccessFlags | AttrPKeyIndex},
-		{QPStateRTR, QPStateRTS}: {req: AttrSQPSN, opt: AttrCurState | AttrAltPath | AttrAccessFlags | AttrPathMigState},
-		{QPStateRTS, QPStateRTS}: {opt: AttrCurState | AttrAccessFlags | AttrAltPath | AttrPathMigState},
-		{QPStateRTS, QPStateSQD}: {opt: AttrEnSQDAsyncNotify},
-		{QPStateSQD, QPStateRTS}: {opt: AttrCurState | AttrAltPath | AttrAccessFlags | AttrPathMigState},
-		{QPStateSQD, QPStateSQD}: {opt: AttrAV | AttrAltPath | AttrAccessFlags | AttrPKeyIndex | AttrPathMigState},
-		{QPStateSQE, QPStateRTS}: {opt: AttrCurState | AttrAccessFlags},
-	},
-	QPTypeRC: {
-		{QPStateReset, QPStateInit}: {req: AttrPKeyIndex | AttrPort | AttrAccessFlags},
-		{QPStateInit, QPStateInit}:  {opt: AttrPKeyIndex | AttrPort | AttrAccessFlags},
-		{QPStateInit, QPStateRTR}: {req: AttrAV | AttrPathMTU | AttrDestQPN | AttrRQPSN | AttrMaxDestRdAtomic | AttrMinRNRTimer,
-			opt: AttrAltPath | AttrAccessFlags | AttrPKeyIndex},
-		{QPStateRTR, QPStateRTS}: {req: AttrTimeout | AttrRetryCount | AttrRNRRetry | AttrSQPSN | AttrMaxQPRdAtomic,
-			opt: AttrCurState | AttrAltPath | AttrAccessFlags | AttrMinRNRTimer | AttrPathMigState},
-		{QPStateRTS, QPStateRTS}: {opt: AttrCurState | AttrAccessFlags | AttrAltPath | AttrPathMigState | AttrMinRNRTimer},
-		{QPStateRTS, QPStateSQD}: {opt: AttrEnSQDAsyncNotify},
-		{QPStateSQD, QPStateRTS}: {opt: AttrCurState | AttrAltPath | AttrAccessFlags | AttrMinRNRTimer | AttrPathMigState},
-		{QPStateSQD, QPStateSQD}: {opt: AttrPort | AttrAV | AttrTimeout | AttrRetryCount | AttrRNRRetry | AttrMaxQPRdAtomic |
-			AttrMaxDestRdAtomic | AttrAltPath | AttrAccessFlags | AttrPKeyIndex | AttrMinRNRTimer | AttrPathMigState},
-		// The table's valid bit is per transition, not per type: RC
-		// SQE→RTS passes with STATE alone (an RC QP never reaches SQE).
-	},
-}
-
-// allAttrBits is every mask bit libibverbs defines.
-var allAttrBits = []AttrMask{AttrState, AttrCurState, AttrEnSQDAsyncNotify, AttrAccessFlags, AttrPKeyIndex, AttrPort,
-	AttrQKey, AttrAV, AttrPathMTU, AttrTimeout, AttrRetryCount, AttrRNRRetry, AttrRQPSN, AttrMaxQPRdAtomic, AttrAltPath,
-	AttrMinRNRTimer, AttrSQPSN, AttrMaxDestRdAtomic, AttrPathMigState, AttrCap, AttrDestQPN, AttrRateLimit}
-
-func kernelTableRule(t QPType, tr Transition) (kernelRow, bool) {
-	for _, to := range kernelValid[tr.From] {
-		if to == tr.To {
-			return kernelTable[t][tr], true
-		}
-	}
-	return kernelRow{}, false
-}
-
-// modifyCase is one ibv_modify_qp put to the kernel and to the model.
-type modifyCase struct {
-	from, to QPState // to is attr.State with STATE in the mask, else from
-	mask     AttrMask
-	what     string   // "required", "without X", "with optional X", "with X", "not in the table"
-	bit      AttrMask // the attribute removed or added
-}
-
 // kernelLab holds what the experiment reuses: one device, PD and CQ.
 type kernelLab struct {
 	t        *testing.T
@@ -199,57 +118,6 @@ func (l *kernelLab) drained(q *QP) {
 		require.True(l.t, time.Now().Before(deadline), "the empty send queue drains")
 		time.Sleep(time.Millisecond)
 	}
-}
-
-// cases lists, for a type and a from state, every transition of the kernel's
-// table with its required set, each required attribute removed, each
-// optional and each other attribute added; and each transition the table
-// lacks, with STATE alone.
-func kernelCases(qt QPType, from QPState) []modifyCase {
-	var out []modifyCase
-	add := func(to QPState, mask AttrMask, what string, bit AttrMask) {
-		if mask&AttrState == 0 {
-			to = from // no STATE: the kernel stays in the current state
-		}
-		out = append(out, modifyCase{from: from, to: to, mask: mask, what: what, bit: bit})
-	}
-	for to := QPStateReset; to <= QPStateErr; to++ {
-		row, ok := kernelTableRule(qt, Transition{from, to})
-		if !ok {
-			if from == to {
-				add(to, 0, "not in the table", 0)
-			} else {
-				add(to, AttrState, "not in the table", 0)
-			}
-			continue
-		}
-		req := row.req
-		if from != to {
-			req |= AttrState
-		}
-		add(to, req, "required", 0)
-		for _, b := range req.Bits() {
-			add(to, req&^b, "without", b)
-		}
-		accepted := req | row.opt | AttrState
-		for _, b := range (row.opt | (AttrState &^ req)).Bits() {
-			add(to, req|b, "with optional", b)
-		}
-		for _, b := range allAttrBits {
-			if accepted&b == 0 {
-				add(to, req|b, "with", b)
-			}
-		}
-	}
-	return out
-}
-
-func (c modifyCase) String() string {
-	s := fmt.Sprintf("%v→%v %s", c.from, c.to, c.what)
-	if c.bit != 0 {
-		s += " " + c.bit.String()
-	}
-	return s + " (mask " + c.mask.String() + ")"
 }
 
 // TestModifyModelAgreesWithKernel puts every modify of the kernel's table
@@ -465,4 +333,31 @@ func TestModifyValuesAgainstKernelOnRXE(t *testing.T) {
 	} else {
 		t.Logf("active MTU %v is the max: no path MTU between them to try", lab.port.ActiveMTU)
 	}
+}
+
+// A CUR_STATE in the mask names the state the QP leaves, as the kernel and
+// the drivers take it: the recovery from SQE, which the device reaches on
+// its own (the QP's last modify having left it in RTS), goes to the driver,
+// and rxe takes it. Where the kernel refuses CUR_STATE (leaving INIT), Go
+// refuses it first, naming it.
+func TestModifyTakesCurStateAsTheStateLeft(t *testing.T) {
+	lab := newKernelLab(t)
+	q, err := lab.pd.CreateQP(QPInit{Type: QPTypeUD, SendCQ: lab.cq, RecvCQ: lab.cq,
+		Cap: QPCap{MaxSendWR: 4, MaxRecvWR: 4, MaxSendSGE: 1, MaxRecvSGE: 1}})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, q.Close()) }()
+	lab.bring(QPTypeUD, q, QPStateRTS)
+	q.state, q.port = QPStateRTS, 1
+
+	err = q.Modify(&QPAttr{State: QPStateRTS, CurState: QPStateSQE}, AttrState|AttrCurState)
+	require.NoError(t, err, "SQE→RTS named by CUR_STATE")
+	assert.Equal(t, QPStateRTS, q.State())
+
+	lab.bring(QPTypeUD, q, QPStateInit)
+	q.state = QPStateInit
+	err = q.Modify(&QPAttr{State: QPStateInit, CurState: QPStateInit}, AttrState|AttrCurState)
+	var te *TransitionError
+	require.ErrorAs(t, err, &te, "refused in Go")
+	assert.ErrorContains(t, err, "CUR_STATE")
+	assert.Error(t, lab.raw(q, QPStateInit, QPStateInit, AttrState|AttrCurState), "the kernel refuses it too")
 }

@@ -87,7 +87,14 @@ func (q *QP) Modify(attr *QPAttr, mask AttrMask) error {
 	if err := q.closedError("modify QP"); err != nil {
 		return err
 	}
-	from, to := q.state, q.state
+	// As the kernel and the drivers do, a CUR_STATE in the mask says which
+	// state the QP leaves (the device may have moved it to SQE since the
+	// last modify); without STATE the QP stays there.
+	from := q.state
+	if mask&AttrCurState != 0 {
+		from = attr.CurState
+	}
+	to := from
 	if mask&AttrState != 0 {
 		to = attr.State
 	}

@@ -75,7 +75,62 @@ var transitionTable = map[QPType]map[Transition]TransitionRule{
 		{QPStateSQD, QPStateSQD}: {Optional: AttrPKeyIndex | AttrPort | AttrAccessFlags | AttrAV | AttrMaxQPRdAtomic |
 			AttrMinRNRTimer | AttrAltPath | AttrTimeout | AttrRetryCount | AttrRNRRetry | AttrMaxDestRdAtomic | AttrPathMigState},
 	},
+	// The man page gives a raw packet QP's required attributes only (PORT
+	// to INIT, STATE alone after); these three types follow the kernel's
+	// qp_state_table, which says the rest (RATE_LIMIT for RTR→RTS and
+	// RTS→RTS; nothing else is accepted) and has the XRC types' rows.
+	QPTypeRawPacket: {
+		{QPStateReset, QPStateInit}: {Required: AttrState | AttrPort},
+		{QPStateInit, QPStateInit}:  {},
+		{QPStateInit, QPStateRTR}:   {Required: AttrState},
+		{QPStateRTR, QPStateRTS}:    {Required: AttrState, Optional: AttrRateLimit},
+		{QPStateRTS, QPStateRTS}:    {Optional: AttrRateLimit},
+		{QPStateRTS, QPStateSQD}:    {Required: AttrState},
+		{QPStateSQD, QPStateRTS}:    {Required: AttrState},
+		{QPStateSQD, QPStateSQD}:    {},
+		{QPStateSQE, QPStateRTS}:    {Required: AttrState},
+	},
+	QPTypeXRCSend: {
+		{QPStateReset, QPStateInit}: {Required: AttrState | AttrPKeyIndex | AttrPort | AttrAccessFlags},
+		{QPStateInit, QPStateInit}:  {Optional: AttrPKeyIndex | AttrPort | AttrAccessFlags},
+		{QPStateInit, QPStateRTR}: {
+			Required: AttrState | AttrAV | AttrPathMTU | AttrDestQPN | AttrRQPSN,
+			Optional: AttrPKeyIndex | AttrAccessFlags | AttrAltPath,
+		},
+		{QPStateRTR, QPStateRTS}: {
+			Required: AttrState | AttrSQPSN | AttrTimeout | AttrRetryCount | AttrRNRRetry | AttrMaxQPRdAtomic,
+			Optional: AttrCurState | AttrAccessFlags | connPathOpts,
+		},
+		{QPStateRTS, QPStateRTS}: {Optional: AttrCurState | AttrAccessFlags | connPathOpts},
+		{QPStateRTS, QPStateSQD}: {Required: AttrState, Optional: AttrEnSQDAsyncNotify},
+		{QPStateSQD, QPStateRTS}: {Required: AttrState, Optional: AttrCurState | AttrAccessFlags | connPathOpts},
+		{QPStateSQD, QPStateSQD}: {Optional: AttrPKeyIndex | AttrPort | AttrAccessFlags | AttrAV | AttrMaxQPRdAtomic |
+			AttrAltPath | AttrTimeout | AttrRetryCount | AttrRNRRetry | AttrPathMigState},
+		{QPStateSQE, QPStateRTS}: {Required: AttrState},
+	},
+	QPTypeXRCRecv: {
+		{QPStateReset, QPStateInit}: {Required: AttrState | AttrPKeyIndex | AttrPort | AttrAccessFlags},
+		{QPStateInit, QPStateInit}:  {Optional: AttrPKeyIndex | AttrPort | AttrAccessFlags},
+		{QPStateInit, QPStateRTR}: {
+			Required: AttrState | AttrAV | AttrPathMTU | AttrDestQPN | AttrRQPSN | AttrMaxDestRdAtomic | AttrMinRNRTimer,
+			Optional: AttrPKeyIndex | AttrAccessFlags | AttrAltPath,
+		},
+		{QPStateRTR, QPStateRTS}: {
+			Required: AttrState | AttrSQPSN | AttrTimeout,
+			Optional: AttrCurState | AttrAccessFlags | AttrMinRNRTimer | connPathOpts,
+		},
+		{QPStateRTS, QPStateRTS}: {Optional: AttrCurState | AttrAccessFlags | AttrMinRNRTimer | connPathOpts},
+		{QPStateRTS, QPStateSQD}: {Required: AttrState, Optional: AttrEnSQDAsyncNotify},
+		{QPStateSQD, QPStateRTS}: {Required: AttrState, Optional: AttrCurState | AttrAccessFlags | AttrMinRNRTimer | connPathOpts},
+		{QPStateSQD, QPStateSQD}: {Optional: AttrPKeyIndex | AttrPort | AttrAccessFlags | AttrAV | AttrMinRNRTimer |
+			AttrAltPath | AttrTimeout | AttrMaxDestRdAtomic | AttrPathMigState},
+		{QPStateSQE, QPStateRTS}: {Required: AttrState},
+	},
 }
+
+// kernelTypes are the QP types whose rows the kernel's generic rules
+// below concern.
+var kernelTypes = []QPType{QPTypeRC, QPTypeUC, QPTypeUD, QPTypeRawPacket, QPTypeXRCSend, QPTypeXRCRecv}
 
 // kernelRule is a place where Linux decides otherwise than the man page:
 // its own table (qp_state_table and ib_modify_qp_is_ok in
@@ -95,19 +150,19 @@ type kernelRule struct {
 
 var kernelRules = []kernelRule{
 	{
-		QPTypes: []QPType{QPTypeRC, QPTypeUC, QPTypeUD}, Transition: Transition{QPStateReset, QPStateErr},
+		QPTypes: kernelTypes, Transition: Transition{QPStateReset, QPStateErr},
 		apply: func(TransitionRule) (TransitionRule, bool) { return TransitionRule{}, false },
 		Why: "the kernel's table (qp_state_table, drivers/infiniband/core/verbs.c) has no RESET→ERR, " +
 			"though the man page allows any state→ERR: a QP in RESET has nothing to flush (destroy it, or go to INIT first)",
 	},
 	{
-		QPTypes: []QPType{QPTypeRC, QPTypeUC, QPTypeUD}, Transition: Transition{QPStateReset, QPStateReset},
+		QPTypes: kernelTypes, Transition: Transition{QPStateReset, QPStateReset},
 		Attrs: AttrState,
 		apply: func(TransitionRule) (TransitionRule, bool) { return TransitionRule{}, true },
 		Why:   "the kernel takes a modify without STATE as one in place, and RESET→RESET needs nothing",
 	},
 	{
-		QPTypes: []QPType{QPTypeRC, QPTypeUC, QPTypeUD}, Transition: Transition{QPStateErr, QPStateErr},
+		QPTypes: kernelTypes, Transition: Transition{QPStateErr, QPStateErr},
 		Attrs: AttrState,
 		apply: func(TransitionRule) (TransitionRule, bool) { return TransitionRule{}, true },
 		Why:   "the kernel takes a modify without STATE as one in place, and ERR→ERR needs nothing",
@@ -159,7 +214,8 @@ func kernelWhy(e *TransitionError) string {
 }
 
 // Rule returns what a transition requires and accepts for a QP type, and false
-// when the transition does not exist for that type (e.g. RC has no SQE→RTS).
+// when the transition does not exist for that type (e.g. RTS→RTR, or
+// RESET→ERR, which the kernel lacks).
 func Rule(t QPType, tr Transition) (TransitionRule, bool) {
 	r, ok := transitionTable[t][tr]
 	return r, ok
@@ -232,8 +288,8 @@ func targets(t QPType, from QPState) []string {
 }
 
 // ErrUnsupportedQPType is returned for QP types without a transition table here
-// (raw packet, XRC, driver QPs).
-var ErrUnsupportedQPType = errors.New("verbs: no transition rules for this QP type (RC, UC and UD are modelled)")
+// (driver QPs, whose rules are their driver's).
+var ErrUnsupportedQPType = errors.New("verbs: no transition rules for this QP type (RC, UC, UD, raw packet and XRC are modelled)")
 
 // Validate checks a modify's attribute mask against the transition rules of
 // the QP type: every required attribute present, nothing the transition does

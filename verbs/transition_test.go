@@ -227,7 +227,7 @@ func TestNoOtherTransitions(t *testing.T) {
 }
 
 func TestValidateRejectsBadInput(t *testing.T) {
-	assert.ErrorIs(t, Validate(QPTypeRawPacket, QPStateReset, QPStateInit, AttrState), ErrUnsupportedQPType)
+	assert.ErrorIs(t, Validate(QPTypeDriver, QPStateReset, QPStateInit, AttrState), ErrUnsupportedQPType)
 	assert.ErrorContains(t, Validate(QPTypeRC, QPStateUnknown, QPStateInit, AttrState), "not a QP state")
 	assert.ErrorContains(t, Validate(QPTypeRC, QPStateReset, QPState(42), AttrState), "not a QP state")
 }
