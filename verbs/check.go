@@ -59,11 +59,15 @@ func ValidateAttr(t QPType, from, to QPState, attr *QPAttr, mask AttrMask) error
 	if has(AttrPathMigState) && (attr.PathMigState < MigMigrated || attr.PathMigState > MigArmed) {
 		bad(AttrPathMigState, "%v is not a migration state", attr.PathMigState)
 	}
+	// Stricter than the kernel, which masks a PSN to 24 bits and logs a
+	// warning: a PSN that does not fit is a bug on one side or the other.
 	if has(AttrRQPSN) && attr.RQPSN > max24 {
-		bad(AttrRQPSN, "%#x does not fit in 24 bits", attr.RQPSN)
+		bad(AttrRQPSN, "%#x does not fit in 24 bits (the kernel would take %#x and log a warning): "+
+			"mask it, and the PSN given to the peer, with 0xffffff", attr.RQPSN, attr.RQPSN&max24)
 	}
 	if has(AttrSQPSN) && attr.SQPSN > max24 {
-		bad(AttrSQPSN, "%#x does not fit in 24 bits", attr.SQPSN)
+		bad(AttrSQPSN, "%#x does not fit in 24 bits (the kernel would take %#x and log a warning): "+
+			"mask it, and the PSN given to the peer, with 0xffffff", attr.SQPSN, attr.SQPSN&max24)
 	}
 	if has(AttrDestQPN) && attr.DestQPN > max24 {
 		bad(AttrDestQPN, "%#x does not fit in 24 bits", attr.DestQPN)
@@ -81,8 +85,7 @@ func ValidateAttr(t QPType, from, to QPState, attr *QPAttr, mask AttrMask) error
 		bad(AttrMinRNRTimer, "code %d does not fit in 5 bits (0…31; a table index, not milliseconds: see RNRTimerFor)", attr.MinRNRTimer)
 	}
 	if has(AttrAccessFlags) && attr.AccessFlags&^qpAccessFlags != 0 {
-		bad(AttrAccessFlags, "%v are not QP access flags (a QP takes REMOTE_WRITE, REMOTE_READ, REMOTE_ATOMIC)",
-			attr.AccessFlags&^qpAccessFlags)
+		bad(AttrAccessFlags, "%v are not QP access flags (a QP takes %v)", attr.AccessFlags&^qpAccessFlags, AccessFlags(qpAccessFlags))
 	}
 	if has(AttrPort) && attr.PortNum == 0 {
 		bad(AttrPort, "port numbers start at 1")

@@ -87,9 +87,10 @@ func (m MigState) String() string {
 }
 
 // AccessFlags are memory and QP access rights (enum ibv_access_flags). On a
-// QP only the remote rights matter: REMOTE_WRITE, REMOTE_READ, REMOTE_ATOMIC.
-// LOCAL_WRITE is a memory-region flag (needed for any MR a receive or an RDMA
-// read writes into).
+// QP only the remote rights matter: REMOTE_WRITE, REMOTE_READ, REMOTE_ATOMIC,
+// and the FLUSH ones on kernels that have FLUSH (6.2 and later; Debian 12's
+// rdma-core 44 does not name them). LOCAL_WRITE is a memory-region flag
+// (needed for any MR a receive or an RDMA read writes into).
 type AccessFlags uint32
 
 const (
@@ -101,17 +102,21 @@ const (
 	AccessZeroBased       AccessFlags = 1 << 5
 	AccessOnDemand        AccessFlags = 1 << 6
 	AccessHugeTLB         AccessFlags = 1 << 7
+	AccessFlushGlobal     AccessFlags = 1 << 8 // a FLUSH responder (kernel 6.2 and later)
+	AccessFlushPersistent AccessFlags = 1 << 9
 	AccessRelaxedOrdering AccessFlags = 1 << 20
 )
 
 var accessNames = map[AccessFlags]string{
 	AccessLocalWrite: "LOCAL_WRITE", AccessRemoteWrite: "REMOTE_WRITE", AccessRemoteRead: "REMOTE_READ",
 	AccessRemoteAtomic: "REMOTE_ATOMIC", AccessMWBind: "MW_BIND", AccessZeroBased: "ZERO_BASED",
-	AccessOnDemand: "ON_DEMAND", AccessHugeTLB: "HUGETLB", AccessRelaxedOrdering: "RELAXED_ORDERING",
+	AccessOnDemand: "ON_DEMAND", AccessHugeTLB: "HUGETLB", AccessFlushGlobal: "FLUSH_GLOBAL",
+	AccessFlushPersistent: "FLUSH_PERSISTENT", AccessRelaxedOrdering: "RELAXED_ORDERING",
 }
 
 // qpAccessFlags are the flags a QP's access-flags attribute can carry.
-const qpAccessFlags = AccessLocalWrite | AccessRemoteWrite | AccessRemoteRead | AccessRemoteAtomic
+const qpAccessFlags = AccessLocalWrite | AccessRemoteWrite | AccessRemoteRead | AccessRemoteAtomic |
+	AccessFlushGlobal | AccessFlushPersistent
 
 func (f AccessFlags) String() string {
 	return flagString(uint32(f), func(bit uint32) string { return accessNames[AccessFlags(bit)] })
