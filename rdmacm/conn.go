@@ -335,8 +335,12 @@ func (c *conn) pollWait(ctx context.Context, op string, cq *verbs.CQ, m *mergedC
 // mergedContext is a context that ends with either of two, kept for the
 // next wait with the same first one: a loop that waits again and again
 // with one context sets none up per wait.
+//
+// The same context is known by its Done channel: contexts are not
+// comparable values in general (a context type may hold a slice), and two
+// with one Done channel end together.
 type mergedContext struct {
-	parent context.Context
+	done   <-chan struct{}
 	ctx    context.Context
 	cancel context.CancelFunc
 	stop   func() bool
@@ -344,12 +348,13 @@ type mergedContext struct {
 
 // get returns a context that ends when parent or end does.
 func (m *mergedContext) get(parent, end context.Context) context.Context {
-	if m.ctx != nil && m.parent == parent {
+	done := parent.Done()
+	if m.ctx != nil && m.done == done {
 		return m.ctx
 	}
 	m.release()
 	ctx, cancel := context.WithCancel(parent)
-	*m = mergedContext{parent: parent, ctx: ctx, cancel: cancel, stop: context.AfterFunc(end, cancel)}
+	*m = mergedContext{done: done, ctx: ctx, cancel: cancel, stop: context.AfterFunc(end, cancel)}
 	return ctx
 }
 

@@ -448,3 +448,27 @@ func TestLateEventForDestroyedIDReachesNoOne(t *testing.T) {
 	}
 	assert.Nil(t, ch.lookup(b.token))
 }
+
+// taggedContext is a context whose type holds a slice: comparing two such
+// interface values with == panics.
+type taggedContext struct {
+	context.Context
+	tags []string
+}
+
+// A connection's kept wait context is known by its caller's context's Done
+// channel: any context works, also one that cannot be compared.
+func TestMergedContextTakesContextsThatDoNotCompare(t *testing.T) {
+	end, endCancel := context.WithCancel(context.Background())
+	defer endCancel()
+	parent, cancel := context.WithCancel(context.Background())
+	var m mergedContext
+	defer m.release()
+	first := m.get(taggedContext{parent, []string{"a"}}, end)
+	assert.Equal(t, first, m.get(taggedContext{parent, []string{"b"}}, end), "kept for a context with the same Done channel")
+	other := m.get(context.WithoutCancel(parent), end)
+	assert.NotEqual(t, first, other, "another Done channel, another merged context")
+	got := m.get(taggedContext{parent, nil}, end)
+	cancel()
+	<-got.Done()
+}

@@ -38,15 +38,17 @@ type Waiter struct {
 }
 
 // watch interrupts the poller's wait once its context ends, by moving the
-// read deadline into the past.
+// read deadline into the past. It is kept for a context with the same Done
+// channel: contexts are not comparable values in general (a context type
+// may hold a slice), and two with one Done channel end together.
 type watch struct {
-	ctx   context.Context
+	done  <-chan struct{}
 	stop  func() bool
 	fired chan struct{} // closed once the deadline was moved
 }
 
 func (w *Waiter) newWatch(ctx context.Context) *watch {
-	wt := &watch{ctx: ctx, fired: make(chan struct{})}
+	wt := &watch{done: ctx.Done(), fired: make(chan struct{})}
 	wt.stop = context.AfterFunc(ctx, func() {
 		w.file.SetReadDeadline(time.Unix(1, 0)) // wakes the poller wait
 		close(wt.fired)
@@ -76,7 +78,7 @@ func (w *Waiter) acquire(ctx context.Context) (kept bool, own *watch) {
 		}
 		return false, w.newWatch(ctx)
 	}
-	if w.watch != nil && w.watch.ctx != ctx {
+	if w.watch != nil && w.watch.done != ctx.Done() {
 		w.watch.end(w)
 		w.watch = nil
 	}

@@ -96,3 +96,35 @@ func TestWaiterKeepsWatch(t *testing.T) {
 		assert.GreaterOrEqual(t, time.Since(start), 50*time.Millisecond, "the ended context's deadline is gone")
 	}
 }
+
+// taggedContext is a context whose type holds a slice: its values cannot
+// be compared with ==, which panics at run time on such interface values.
+type taggedContext struct {
+	context.Context
+	tags []string
+}
+
+// Any context works, also one that cannot be compared: the kept watch is
+// known by its context's Done channel.
+func TestWaiterTakesContextsThatDoNotCompare(t *testing.T) {
+	fd, err := unix.Eventfd(0, unix.EFD_CLOEXEC)
+	require.NoError(t, err)
+	defer unix.Close(fd)
+	w, err := New(fd, "eventfd")
+	require.NoError(t, err)
+	defer w.Close()
+	read := func() bool {
+		var b [8]byte
+		n, err := unix.Read(fd, b[:])
+		return err == nil && n == 8
+	}
+	post := func() { unix.Write(fd, []byte{1, 0, 0, 0, 0, 0, 0, 0}) }
+
+	parent, cancel := context.WithCancel(context.Background())
+	for i := range 3 {
+		post()
+		require.NoError(t, w.Wait(taggedContext{parent, []string{"wait", string(rune('a' + i))}}, read))
+	}
+	go func() { time.Sleep(50 * time.Millisecond); cancel() }()
+	assert.ErrorIs(t, w.Wait(taggedContext{parent, nil}, read), context.Canceled, "the kept watch still interrupts")
+}

@@ -1052,23 +1052,29 @@ func (c *Conn) recvFailedLocked(wc verbs.WorkCompletion) {
 // mergedWait is a context that ends with either of two, kept for the next
 // wait with the same pair: a Recv loop with one context sets none up per
 // wait.
+//
+// Contexts are known by their Done channels: they are not comparable
+// values in general (a context type may hold a slice), and two with one
+// Done channel end together.
 type mergedWait struct {
-	parent, end context.Context
-	ctx         context.Context
-	cancel      context.CancelFunc
-	stop        func() bool
+	done, endDone <-chan struct{}
+	ctx           context.Context
+	cancel        context.CancelFunc
+	stop          func() bool
 }
 
 func (m *mergedWait) get(parent, end context.Context) context.Context {
-	if parent.Done() == nil {
+	done := parent.Done()
+	if done == nil {
 		return end
 	}
-	if m.ctx != nil && m.parent == parent && m.end == end {
+	endDone := end.Done()
+	if m.ctx != nil && m.done == done && m.endDone == endDone {
 		return m.ctx
 	}
 	m.release()
 	ctx, cancel := context.WithCancel(parent)
-	*m = mergedWait{parent: parent, end: end, ctx: ctx, cancel: cancel, stop: context.AfterFunc(end, cancel)}
+	*m = mergedWait{done: done, endDone: endDone, ctx: ctx, cancel: cancel, stop: context.AfterFunc(end, cancel)}
 	return ctx
 }
 

@@ -1,6 +1,7 @@
 package msg
 
 import (
+	"context"
 	"math/rand/v2"
 	"testing"
 
@@ -229,4 +230,26 @@ func TestLedgerRefuses(t *testing.T) {
 	l = fresh()
 	l.announced, l.received, l.granted = 1, 0xffffffff, 1
 	assert.NoError(t, l.incoming(header{typ: frameData, grant: 2}))
+}
+
+// taggedContext is a context whose type holds a slice: comparing two such
+// interface values with == panics.
+type taggedContext struct {
+	context.Context
+	tags []string
+}
+
+// A kept wait context is known by its contexts' Done channels: any context
+// works, also one that cannot be compared.
+func TestMergedWaitTakesContextsThatDoNotCompare(t *testing.T) {
+	end, endCancel := context.WithCancel(context.Background())
+	defer endCancel()
+	parent, cancel := context.WithCancel(context.Background())
+	var m mergedWait
+	defer m.release()
+	first := m.get(taggedContext{parent, []string{"a"}}, end)
+	assert.Equal(t, first, m.get(taggedContext{parent, []string{"b"}}, end), "kept for a context with the same Done channel")
+	got := m.get(taggedContext{parent, nil}, end)
+	cancel()
+	<-got.Done()
 }
