@@ -485,6 +485,14 @@ func (c *ID) next(ctx context.Context) (*Event, error) {
 		if len(c.queue) > 0 {
 			ev := c.queue[0]
 			c.queue = c.queue[1:]
+			if len(c.queue) > 0 && c.wake != nil {
+				// deliver signals once while a token is pending: another
+				// waiter may have missed the next event's.
+				select {
+				case c.wake <- struct{}{}:
+				default:
+				}
+			}
 			c.mu.Unlock()
 			return ev, nil
 		}

@@ -449,6 +449,38 @@ func TestLateEventForDestroyedIDReachesNoOne(t *testing.T) {
 	assert.Nil(t, ch.lookup(b.token))
 }
 
+// Two waiters on one id's events: deliver signals once while a token is
+// pending, so a waiter that takes an event with more queued passes the
+// signal on. Without that, a second waiter already parked would sleep
+// with an event queued (the first took the one token and the first event).
+func TestEventWaitersPassTheSignalOn(t *testing.T) {
+	before := runtime.NumGoroutine()
+	src := newFakeSource()
+	ch := newChannel(src)
+	id, err := ch.newID(PortSpaceTCP)
+	require.NoError(t, err)
+	ended, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, err = id.next(ended) // a wait sets up the wake channel
+	require.ErrorIs(t, err, context.Canceled)
+
+	first, second := &Event{Type: EventAddrResolved}, &Event{Type: EventRouteResolved}
+	id.deliver(first)
+	id.deliver(second)
+	<-id.wake // the first waiter wakes, looks again, and takes the first event
+	assert.Same(t, first, nextWithin(t, id))
+	select {
+	case <-id.wake: // the second waiter wakes
+	default:
+		t.Fatal("an event is queued and no waiter will hear of it")
+	}
+	assert.Same(t, second, nextWithin(t, id))
+
+	id.Close()
+	src.fail <- errors.New("test over")
+	settle(t, before)
+}
+
 // taggedContext is a context whose type holds a slice: comparing two such
 // interface values with == panics.
 type taggedContext struct {
