@@ -725,6 +725,11 @@ func (c *conn) post(ctx context.Context, op string, wr verbs.SendWR) error {
 	if c.released || c.ended() {
 		return c.endedError(op)
 	}
+	if err := ctx.Err(); err != nil {
+		// Nothing posted: a caller told of a failure must be able to
+		// retry without sending twice, and to reuse the buffer.
+		return c.opError(op, nil, err)
+	}
 	wr.ID = c.wrID.Add(1)
 	wr.Flags |= verbs.SendSignaled
 	if err := c.qp.PostSend(wr); err != nil {

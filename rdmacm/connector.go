@@ -225,6 +225,11 @@ func (e *endpoint) sendConnect(ctx context.Context, privateData []byte) error {
 	if err := e.beforeConnect(); err != nil {
 		return err
 	}
+	if err := ctx.Err(); err != nil {
+		// Cancelled before the request went: send none, rather than one
+		// the peer would accept for a connection already abandoned.
+		return e.fail("connect", nil, err)
+	}
 	data := encodePrivateData(o.RawPrivateData, e.localMTU(), privateData)
 	e.issuedAt = time.Now()
 	if err := e.connectCall(ctx, p, data); err != nil {

@@ -170,6 +170,11 @@ func (l *listener) onEvent(ev *Event) {
 
 // next waits for the next connect request.
 func (l *listener) next(ctx context.Context) (*request, error) {
+	// A context that has ended takes no request (select would pick one
+	// at random when both are ready): the request waits for the next call.
+	if err := ctx.Err(); err != nil {
+		return nil, &OpError{Op: "accept", Local: l.addr, Err: err}
+	}
 	select {
 	case r := <-l.reqs:
 		return r, nil
@@ -501,6 +506,12 @@ func (e *endpoint) accept(ctx context.Context, r *request, privateData []byte) (
 	if err := e.beforeConnect(); err != nil {
 		e.id.reject(nil)
 		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		// Ended while the connection was made ready: refuse rather than
+		// accept and then abandon the peer.
+		e.id.reject(nil)
+		return nil, e.fail("accept", nil, err)
 	}
 	data := encodePrivateData(o.RawPrivateData, e.localMTU(), privateData)
 	start := time.Now()
