@@ -537,13 +537,36 @@ func (c *ID) destroy() error {
 	c.mu.Unlock()
 	c.life.Lock() // the calls in progress end first
 	c.qpMu.Lock()
-	qp := c.qp
-	c.qp = nil
+	qp, joined := c.qp, c.joined
+	c.qp, c.joined = nil, nil
 	c.qpMu.Unlock()
+	for _, group := range joined {
+		// Detaches the QP, which could not be destroyed attached.
+		if sa, err := sockaddrOf(netip.AddrPortFrom(group, 0)); err == nil {
+			c.h.LeaveMulticast(sa.AP.Addr(), sa.Scope)
+		}
+	}
+	var qerr *OpError
 	if qp != nil {
-		qp.Close() // librdmacm destroys it through the id
+		// librdmacm destroys it through the id. A failure (EBUSY: attached
+		// to a group joined some other way) is the caller's to know, the
+		// QP outliving the id: described now, while the id can be read.
+		if e := qp.Close(); e != nil {
+			qerr = c.fail("rdma_destroy_id", fmt.Errorf("destroying its QP first: %w", e))
+			if errors.Is(e, syscall.EBUSY) {
+				qerr.Hint = "a QP still attached to a multicast group cannot be destroyed"
+			}
+		}
 	}
 	err := c.h.Destroy()
+	if err != nil {
+		// The id is still there: Close describes the failure.
+		if qerr != nil {
+			err = errors.Join(qerr.Err, err)
+		}
+	} else if qerr != nil {
+		err = qerr
+	}
 	// Only now: the last id off a failed channel releases it, and
 	// rdma_destroy_id reads the channel. Events for the id are dropped
 	// meanwhile (closed).

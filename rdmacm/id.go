@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"net/netip"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -61,6 +62,10 @@ type ID struct {
 	life sync.RWMutex
 	qpMu sync.Mutex
 	qp   *verbs.QP // made by CreateQP: destroyed with the id at the latest
+	// joined are the groups JoinMulticast joined and LeaveMulticast has not
+	// left (under qpMu): Close leaves them, as a QP still attached to one
+	// cannot be destroyed.
+	joined []netip.Addr
 }
 
 // Event is one CM event (struct rdma_cm_event), copied out of librdmacm.
@@ -208,10 +213,15 @@ func (c *ID) Event(ctx context.Context) (*Event, error) {
 // listening id are rejected and their ids destroyed. Closing twice does
 // nothing.
 func (c *ID) Close() error {
-	if err := c.destroy(); err != nil {
-		return c.fail("rdma_destroy_id", err)
+	err := c.destroy()
+	var oe *OpError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &oe):
+		return oe // described before the id went
 	}
-	return nil
+	return c.fail("rdma_destroy_id", err)
 }
 
 // PortSpace is the id's port space.
@@ -605,14 +615,29 @@ func (c *ID) CreateQP(pd *verbs.PD, init verbs.QPInit) (*verbs.QP, error) {
 }
 
 // JoinMulticast joins the id (PortSpaceUDP) to a multicast group
-// (rdma_join_multicast); MULTICAST_JOIN or MULTICAST_ERROR answers.
+// (rdma_join_multicast); MULTICAST_JOIN or MULTICAST_ERROR answers. Close
+// leaves the groups still joined.
 func (c *ID) JoinMulticast(group netip.Addr) error {
-	return c.multicast("rdma_join_multicast", group, c.h.JoinMulticast)
+	if err := c.multicast("rdma_join_multicast", group, c.h.JoinMulticast); err != nil {
+		return err
+	}
+	c.qpMu.Lock()
+	c.joined = append(c.joined, group)
+	c.qpMu.Unlock()
+	return nil
 }
 
 // LeaveMulticast leaves a group the id joined (rdma_leave_multicast).
 func (c *ID) LeaveMulticast(group netip.Addr) error {
-	return c.multicast("rdma_leave_multicast", group, c.h.LeaveMulticast)
+	if err := c.multicast("rdma_leave_multicast", group, c.h.LeaveMulticast); err != nil {
+		return err
+	}
+	c.qpMu.Lock()
+	if i := slices.Index(c.joined, group); i >= 0 {
+		c.joined = slices.Delete(c.joined, i, i+1)
+	}
+	c.qpMu.Unlock()
+	return nil
 }
 
 func (c *ID) multicast(op string, group netip.Addr, call func(netip.Addr, uint32) error) error {

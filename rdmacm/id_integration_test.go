@@ -169,6 +169,37 @@ func TestIDCloseTakesItsQP(t *testing.T) {
 	})
 }
 
+// An id closed while its QP is attached to a multicast group leaves the
+// group first: a QP attached to one cannot be destroyed (EBUSY), and the
+// QP, its CQ and PD would outlive the id. RoCE only: iWARP has no UD.
+func TestIDCloseLeavesItsGroups(t *testing.T) {
+	d := rxe(t)
+	checkNoLeaks(t)
+	ctx := ctxFor(t, 20*time.Second)
+	id, err := rdmacm.NewID(rdmacm.PortSpaceUDP)
+	require.NoError(t, err)
+	require.NoError(t, id.Bind(netip.MustParseAddrPort(d.at(0))))
+	dev, err := id.Device()
+	require.NoError(t, err)
+	pd, err := dev.AllocPD()
+	require.NoError(t, err)
+	cq, err := dev.CreateCQ(2)
+	require.NoError(t, err)
+	qp, err := id.CreateQP(pd, verbs.QPInit{Type: verbs.QPTypeUD, SendCQ: cq, RecvCQ: cq, Cap: verbsCap(1)})
+	require.NoError(t, err)
+	kept := netip.MustParseAddr("239.1.2.3")
+	left := netip.MustParseAddr("239.1.2.4")
+	for _, group := range []netip.Addr{kept, left} {
+		require.NoError(t, id.JoinMulticast(group))
+		event(t, ctx, id, rdmacm.EventMulticastJoin)
+	}
+	require.NoError(t, id.LeaveMulticast(left))
+	require.NoError(t, id.Close(), "still in %v", kept)
+	assert.NoError(t, qp.Close(), "gone with its id")
+	assert.NoError(t, cq.Close(), "no QP uses the CQ any more")
+	assert.NoError(t, pd.Close())
+}
+
 // Calls the CM refuses, and calls on a closed id, fail with errors that say
 // which call and where; a wait ends with its context.
 func TestIDRefusals(t *testing.T) {
