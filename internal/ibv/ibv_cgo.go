@@ -246,7 +246,6 @@ import "C"
 
 import (
 	"fmt"
-	"runtime"
 	"syscall"
 	"unsafe"
 )
@@ -594,6 +593,7 @@ type CQ struct {
 	cq      *C.struct_ibv_cq
 	ch      *C.struct_ibv_comp_channel
 	wc      *C.struct_ibv_wc // poll scratch, C memory
+	owc     *C.struct_rdmago_wc
 	wcCap   int
 	unacked C.uint
 	fast    goCQ           // the Go data path, if chosen when created
@@ -655,24 +655,39 @@ func (c *CQ) PollArm(out []WC, arm bool) (n int, err error) {
 	if arm {
 		a = 1
 	}
-	n = int(C.rdmago_poll_arm(C.uintptr_t(uintptr(unsafe.Pointer(c.cq))), C.int(len(out)),
-		C.uintptr_t(uintptr(unsafe.Pointer(c.wc))), C.uintptr_t(uintptr(unsafe.Pointer(&out[0]))), a))
-	runtime.KeepAlive(out) // C wrote into it; the GC must not have freed it meanwhile
-	return polled(n)
+	n, err = polled(int(C.rdmago_poll_arm(C.uintptr_t(uintptr(unsafe.Pointer(c.cq))), C.int(len(out)),
+		C.uintptr_t(uintptr(unsafe.Pointer(c.wc))), C.uintptr_t(uintptr(unsafe.Pointer(c.owc))), a)))
+	c.converted(out, n)
+	return n, err
 }
 
 // scratchFor makes the poll scratch (C memory) hold n completions; false
 // when it cannot be allocated.
+//
+// C converts the completions into owc, also C memory, and Go copies them
+// into the caller's slice: C never writes Go memory, whose address it
+// would get as an integer, unpinned.
 func (c *CQ) scratchFor(n int) bool {
 	if n > c.wcCap {
 		wc := (*C.struct_ibv_wc)(C.calloc(C.size_t(n), C.sizeof_struct_ibv_wc))
-		if wc == nil {
+		owc := (*C.struct_rdmago_wc)(C.calloc(C.size_t(n), C.sizeof_struct_rdmago_wc))
+		if wc == nil || owc == nil {
+			C.free(unsafe.Pointer(wc))
+			C.free(unsafe.Pointer(owc))
 			return false
 		}
 		C.free(unsafe.Pointer(c.wc))
-		c.wc, c.wcCap = wc, n
+		C.free(unsafe.Pointer(c.owc))
+		c.wc, c.owc, c.wcCap = wc, owc, n
 	}
 	return true
+}
+
+// converted copies the first n completions C converted into out.
+func (c *CQ) converted(out []WC, n int) {
+	if n > 0 {
+		copy(out, unsafe.Slice((*WC)(unsafe.Pointer(c.owc)), n))
+	}
 }
 
 // polled turns rdmago_poll_arm's result (a count, -1 or -2 for a failed
@@ -737,8 +752,7 @@ func (c *CQ) EventPollArm(out []WC, armed bool) (n int, armedAfter bool, err err
 		f = 1
 	}
 	r := int(C.rdmago_event_poll_arm(C.uintptr_t(uintptr(unsafe.Pointer(c.ch))), C.uintptr_t(uintptr(unsafe.Pointer(c.cq))),
-		C.int(len(out)), C.uintptr_t(uintptr(unsafe.Pointer(c.wc))), C.uintptr_t(uintptr(unsafe.Pointer(&out[0]))), f))
-	runtime.KeepAlive(out)
+		C.int(len(out)), C.uintptr_t(uintptr(unsafe.Pointer(c.wc))), C.uintptr_t(uintptr(unsafe.Pointer(c.owc))), f))
 	if r < 0 {
 		n, err = polled(r)
 		switch {
@@ -752,7 +766,9 @@ func (c *CQ) EventPollArm(out []WC, armed bool) (n int, armedAfter bool, err err
 	if r&(1<<24) != 0 {
 		c.eventRead()
 	}
-	return r & (1<<24 - 1), r&(1<<25) != 0, nil
+	n = r & (1<<24 - 1)
+	c.converted(out, n)
+	return n, r&(1<<25) != 0, nil
 }
 
 // ReqNotify arms the CQ for the next completion.
@@ -801,8 +817,9 @@ func (c *CQ) Destroy() error {
 	}
 	C.ibv_destroy_comp_channel(c.ch)
 	C.free(unsafe.Pointer(c.wc))
+	C.free(unsafe.Pointer(c.owc))
 	C.free(c.cmem)
-	c.wc, c.wcCap, c.fast, c.cmem = nil, 0, nil, nil
+	c.wc, c.owc, c.wcCap, c.fast, c.cmem = nil, nil, 0, nil, nil
 	return nil
 }
 
