@@ -55,11 +55,12 @@ func (d *Device) CreateCQ(entries int) (*CQ, error) {
 		return nil, &OpError{Op: "ibv_create_cq", Device: d.Info.Name, Detail: fmt.Sprintf("%d entries", entries), Err: syscall.EINVAL,
 			Hint: "entries must be positive, and at most the device's MaxCQE (Device.Query)"}
 	}
-	ctx, err := d.context()
+	ctx, err := d.enter()
 	if err != nil {
 		return nil, err
 	}
 	cq, op, err := ctx.CreateCQ(entries)
+	d.leave()
 	if err != nil {
 		e := &OpError{Op: op, Device: d.Info.Name, Err: noCgo(err)}
 		if op == "ibv_create_cq" {

@@ -44,7 +44,11 @@ type Device struct {
 	Info DeviceInfo
 
 	mu  sync.Mutex
-	ctx *ibv.Context // nil once closed
+	ctx *ibv.Context // nil once closed; changed under life too
+	// life is held for reading by every call into the context (enter) and
+	// for writing by Close, so that Close never frees the context, and
+	// closes its descriptors, under a call on another goroutine.
+	life sync.RWMutex
 	// borrowed contexts belong to another library (librdmacm): Close
 	// leaves them open.
 	borrowed bool
@@ -87,6 +91,8 @@ func (d *Device) Close() error {
 		stop()
 		<-done
 	}
+	d.life.Lock() // the calls in progress end first
+	defer d.life.Unlock()
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.ctx == nil {
@@ -99,22 +105,45 @@ func (d *Device) Close() error {
 	return nil
 }
 
+// context is the device's context for package rdmacm, which keeps the
+// device open for as long as it uses it.
 func (d *Device) context() (*ibv.Context, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.ctx == nil {
-		return nil, &OpError{Op: "use device", Device: d.Info.Name, Err: syscall.EBADF, Hint: "the device is closed"}
+		return nil, d.closedError()
 	}
 	return d.ctx, nil
 }
 
+// enter admits a call into the context, unless the device is closed: the
+// caller then calls leave when the call is over. Calls do not nest.
+func (d *Device) enter() (*ibv.Context, error) {
+	d.life.RLock()
+	d.mu.Lock()
+	ctx := d.ctx
+	d.mu.Unlock()
+	if ctx == nil {
+		d.life.RUnlock()
+		return nil, d.closedError()
+	}
+	return ctx, nil
+}
+
+func (d *Device) leave() { d.life.RUnlock() }
+
+func (d *Device) closedError() error {
+	return &OpError{Op: "use device", Device: d.Info.Name, Err: syscall.EBADF, Hint: "the device is closed"}
+}
+
 // Query returns the device's capabilities (ibv_query_device).
 func (d *Device) Query() (DeviceAttr, error) {
-	ctx, err := d.context()
+	ctx, err := d.enter()
 	if err != nil {
 		return DeviceAttr{}, err
 	}
 	a, err := ctx.QueryDevice()
+	d.leave()
 	if err != nil {
 		return DeviceAttr{}, &OpError{Op: "ibv_query_device", Device: d.Info.Name, Err: err}
 	}
@@ -123,15 +152,16 @@ func (d *Device) Query() (DeviceAttr, error) {
 
 // QueryPort returns the state of port (numbered from 1) (ibv_query_port).
 func (d *Device) QueryPort(port int) (PortAttr, error) {
-	ctx, err := d.context()
-	if err != nil {
-		return PortAttr{}, err
-	}
 	if port < 1 || port > 255 {
 		return PortAttr{}, &OpError{Op: "ibv_query_port", Device: d.Info.Name, Port: port, Err: syscall.EINVAL,
 			Hint: "ports are numbered from 1"}
 	}
+	ctx, err := d.enter()
+	if err != nil {
+		return PortAttr{}, err
+	}
 	a, err := ctx.QueryPort(port)
+	d.leave()
 	if err != nil {
 		return PortAttr{}, &OpError{Op: "ibv_query_port", Device: d.Info.Name, Port: port, Err: err}
 	}
@@ -156,10 +186,6 @@ func (d *Device) QueryPort(port int) (PortAttr, error) {
 // and netdev, in one call (ibv_query_gid_table; rdma-core falls back to
 // sysfs on kernels without the ioctl). Empty slots are not returned.
 func (d *Device) GIDTable() ([]GIDEntry, error) {
-	ctx, err := d.context()
-	if err != nil {
-		return nil, err
-	}
 	attr, err := d.Query()
 	if err != nil {
 		return nil, err
@@ -175,7 +201,12 @@ func (d *Device) GIDTable() ([]GIDEntry, error) {
 	if max == 0 {
 		return nil, nil
 	}
+	ctx, err := d.enter()
+	if err != nil {
+		return nil, err
+	}
 	entries, err := ctx.QueryGIDTable(max)
+	d.leave()
 	if err != nil {
 		return nil, &OpError{Op: "ibv_query_gid_table", Device: d.Info.Name, Err: err}
 	}
@@ -204,11 +235,12 @@ func (d *Device) QueryGID(port, index int) (GIDEntry, error) {
 // queryGID is QueryGID without the netdev's name, for Modify's check of
 // the source GID slot: the name costs a netlink dump that check never reads.
 func (d *Device) queryGID(port, index int) (GIDEntry, error) {
-	ctx, err := d.context()
+	ctx, err := d.enter()
 	if err != nil {
 		return GIDEntry{}, err
 	}
 	e, err := ctx.QueryGID(port, index)
+	d.leave()
 	if err != nil {
 		return GIDEntry{}, &OpError{Op: "ibv_query_gid_ex", Device: d.Info.Name, Port: port,
 			Detail: fmt.Sprintf("index %d", index), Err: err}

@@ -3,6 +3,7 @@ package verbs
 import (
 	"errors"
 	"fmt"
+	"sync"
 	"syscall"
 	"unsafe"
 
@@ -13,17 +14,19 @@ import (
 
 // PD is a protection domain (struct ibv_pd).
 type PD struct {
-	dev *Device
-	pd  *ibv.PD
+	dev     *Device
+	closeMu sync.Mutex // Close against Close (rdmacm's and the caller's)
+	pd      *ibv.PD
 }
 
 // AllocPD allocates a protection domain.
 func (d *Device) AllocPD() (*PD, error) {
-	ctx, err := d.context()
+	ctx, err := d.enter()
 	if err != nil {
 		return nil, err
 	}
 	pd, err := ctx.AllocPD()
+	d.leave()
 	if err != nil {
 		return nil, &OpError{Op: "ibv_alloc_pd", Device: d.Info.Name, Err: noCgo(err)}
 	}
@@ -35,6 +38,8 @@ func (p *PD) Device() *Device { return p.dev }
 
 // Close deallocates the PD; its MRs, QPs and AHs must be closed first.
 func (p *PD) Close() error {
+	p.closeMu.Lock()
+	defer p.closeMu.Unlock()
 	if p.pd == nil {
 		return nil
 	}
@@ -49,9 +54,11 @@ func (p *PD) Close() error {
 // MR is a registered memory region over memory the Go heap does not own
 // (an anonymous mapping), so the NIC may touch it while Go runs.
 type MR struct {
-	pd  *PD
-	mr  *ibv.MR
-	buf []byte
+	pd      *PD
+	closeMu sync.Mutex // Close against Close (rdmacm's and the caller's)
+	mr      *ibv.MR
+	buf     []byte // nil once closed
+	addr    uint64
 	// LKey and RKey name the region in local SGEs and in a peer's RDMA requests.
 	LKey, RKey uint32
 	access     AccessFlags
@@ -80,18 +87,19 @@ func (p *PD) RegisterMemory(size int, access AccessFlags) (*MR, error) {
 		}
 		return nil, e
 	}
-	return &MR{pd: p, mr: mr, buf: buf, LKey: mr.LKey, RKey: mr.RKey, access: access}, nil
+	return &MR{pd: p, mr: mr, buf: buf, addr: uint64(uintptr(unsafe.Pointer(&buf[0]))), LKey: mr.LKey, RKey: mr.RKey,
+		access: access}, nil
 }
 
 // Access is what the region was registered for: a receive or an RDMA read
 // into a region without [AccessLocalWrite] fails on the device.
 func (m *MR) Access() AccessFlags { return m.access }
 
-// Bytes is the region's memory.
+// Bytes is the region's memory; nil after Close, which unmaps it.
 func (m *MR) Bytes() []byte { return m.buf }
 
 // Addr is the region's start address, as a peer uses it in RDMA requests.
-func (m *MR) Addr() uint64 { return uint64(uintptr(unsafe.Pointer(&m.buf[0]))) }
+func (m *MR) Addr() uint64 { return m.addr }
 
 // SGE returns the scatter/gather element for buf[off:off+n].
 func (m *MR) SGE(off, n int) SGE {
@@ -100,6 +108,8 @@ func (m *MR) SGE(off, n int) SGE {
 
 // Close deregisters and unmaps the region.
 func (m *MR) Close() error {
+	m.closeMu.Lock()
+	defer m.closeMu.Unlock()
 	if m.mr == nil {
 		return nil
 	}
@@ -107,13 +117,16 @@ func (m *MR) Close() error {
 		return &OpError{Op: "ibv_dereg_mr", Device: m.pd.dev.Info.Name, Err: err}
 	}
 	m.mr = nil
-	return unix.Munmap(m.buf)
+	buf := m.buf
+	m.buf = nil // a slice over unmapped memory would fault on its next use
+	return unix.Munmap(buf)
 }
 
 // AH is an address handle for UD sends (struct ibv_ah).
 type AH struct {
-	pd *PD
-	ah *ibv.AH
+	pd      *PD
+	closeMu sync.Mutex // Close against Close
+	ah      *ibv.AH
 }
 
 // CreateAH creates an address handle. On RoCE the kernel resolves the
@@ -148,11 +161,12 @@ func (p *PD) AHAttrFromWC(port int, wc WorkCompletion, grh []byte) (AHAttr, erro
 		return AHAttr{}, &OpError{Op: "ibv_init_ah_from_wc", Device: p.dev.Info.Name, Port: port, Err: syscall.EINVAL,
 			Hint: fmt.Sprintf("pass the first %d bytes of the receive buffer (the GRH)", GRHSize)}
 	}
-	ctx, err := p.dev.context()
+	ctx, err := p.dev.enter()
 	if err != nil {
 		return AHAttr{}, err
 	}
 	out, err := ctx.InitAHFromWC(port, wcToIBV(&wc), grh[:GRHSize])
+	p.dev.leave()
 	if err != nil {
 		return AHAttr{}, &OpError{Op: "ibv_init_ah_from_wc", Device: p.dev.Info.Name, Port: port, Err: err,
 			Hint: "no local GID matches the packet's destination, or the completion has no GRH"}
@@ -162,6 +176,8 @@ func (p *PD) AHAttrFromWC(port int, wc WorkCompletion, grh []byte) (AHAttr, erro
 
 // Close destroys the address handle.
 func (a *AH) Close() error {
+	a.closeMu.Lock()
+	defer a.closeMu.Unlock()
 	if a.ah == nil {
 		return nil
 	}

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -445,4 +446,65 @@ func TestWorkRequestOver4GiBIsRefused(t *testing.T) {
 		assert.ErrorContains(t, err, "work request 1 of 2", op)
 		assert.ErrorContains(t, err, "its SGEs add up to 4294967312 bytes", op)
 	}
+}
+
+// Close against calls on other goroutines: a device's Close waits for the
+// calls in progress (ibv_close_device frees the context and closes its
+// descriptors, whose numbers the process may reuse at once), and the calls
+// after it fail, saying so; an MR, PD or AH closed twice at once is
+// released once, and a closed MR's memory is gone from its Bytes.
+func TestCloseAgainstConcurrentUse(t *testing.T) {
+	checkNoLeaks(t)
+	rxe := testbed.Require(t).MustDevice(t, "rxe0")
+	dev, err := verbs.Open(rxe.Name)
+	require.NoError(t, err)
+	var wg sync.WaitGroup
+	errs := make(chan error, 4)
+	for i := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				var err error
+				if i%2 == 0 {
+					_, err = dev.QueryPort(1)
+				} else {
+					_, err = dev.GIDTable()
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	time.Sleep(50 * time.Millisecond)
+	require.NoError(t, dev.Close())
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		assert.ErrorIs(t, err, syscall.EBADF)
+		assert.ErrorContains(t, err, "the device is closed")
+	}
+
+	dev, err = verbs.Open(rxe.Name)
+	require.NoError(t, err)
+	defer dev.Close()
+	pd, err := dev.AllocPD()
+	require.NoError(t, err)
+	mr, err := pd.RegisterMemory(1<<16, verbs.AccessLocalWrite)
+	require.NoError(t, err)
+	addr := mr.Addr()
+	twice := func(close func() error) {
+		var wg sync.WaitGroup
+		for range 2 {
+			wg.Add(1)
+			go func() { defer wg.Done(); assert.NoError(t, close()) }()
+		}
+		wg.Wait()
+	}
+	twice(mr.Close)
+	assert.Nil(t, mr.Bytes(), "the memory is unmapped")
+	assert.Equal(t, addr, mr.Addr(), "the address stays, for what names it")
+	twice(pd.Close)
 }
