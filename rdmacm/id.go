@@ -618,29 +618,23 @@ func (c *ID) CreateQP(pd *verbs.PD, init verbs.QPInit) (*verbs.QP, error) {
 // (rdma_join_multicast); MULTICAST_JOIN or MULTICAST_ERROR answers. Close
 // leaves the groups still joined.
 func (c *ID) JoinMulticast(group netip.Addr) error {
-	if err := c.multicast("rdma_join_multicast", group, c.h.JoinMulticast); err != nil {
-		return err
-	}
-	c.qpMu.Lock()
-	c.joined = append(c.joined, group)
-	c.qpMu.Unlock()
-	return nil
+	return c.multicast("rdma_join_multicast", group, c.h.JoinMulticast, func() {
+		c.joined = append(c.joined, group)
+	})
 }
 
 // LeaveMulticast leaves a group the id joined (rdma_leave_multicast).
 func (c *ID) LeaveMulticast(group netip.Addr) error {
-	if err := c.multicast("rdma_leave_multicast", group, c.h.LeaveMulticast); err != nil {
-		return err
-	}
-	c.qpMu.Lock()
-	if i := slices.Index(c.joined, group); i >= 0 {
-		c.joined = slices.Delete(c.joined, i, i+1)
-	}
-	c.qpMu.Unlock()
-	return nil
+	return c.multicast("rdma_leave_multicast", group, c.h.LeaveMulticast, func() {
+		if i := slices.Index(c.joined, group); i >= 0 {
+			c.joined = slices.Delete(c.joined, i, i+1)
+		}
+	})
 }
 
-func (c *ID) multicast(op string, group netip.Addr, call func(netip.Addr, uint32) error) error {
+// multicast makes the call and, once it succeeded, track (under qpMu)
+// while the id is still entered: a Close waits for both.
+func (c *ID) multicast(op string, group netip.Addr, call func(netip.Addr, uint32) error, track func()) error {
 	if err := c.enter(op); err != nil {
 		return err
 	}
@@ -654,5 +648,8 @@ func (c *ID) multicast(op string, group netip.Addr, call func(netip.Addr, uint32
 		oe.Remote = netip.AddrPortFrom(group, 0)
 		return oe
 	}
+	c.qpMu.Lock()
+	track()
+	c.qpMu.Unlock()
 	return nil
 }
