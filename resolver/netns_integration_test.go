@@ -30,7 +30,7 @@ func TestResolveRoutesInNetns(t *testing.T) {
 	run(t, "ip", "netns", "add", ns)
 	t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })
 	sh("link", "set", "lo", "up")
-	for _, l := range []string{"dummy0", "dummy1", "dummy2"} {
+	for _, l := range []string{"dummy0", "dummy1", "dummy2", "dummy3"} {
 		sh("link", "add", l, "type", "dummy")
 		sh("link", "set", l, "up")
 	}
@@ -41,9 +41,13 @@ func TestResolveRoutesInNetns(t *testing.T) {
 	sh("addr", "add", "10.2.0.1/24", "dev", "dummy1")
 	sh("addr", "add", "10.7.0.1/24", "dev", "dummy0.7")
 	sh("addr", "add", "10.3.0.1/24", "dev", "dummy2")
+	sh("link", "set", "dummy3", "mtu", "340")
+	sh("addr", "add", "10.4.0.1/24", "dev", "dummy3")
 	sh("route", "add", "10.99.0.0/16", "via", "10.2.0.254", "dev", "dummy1")
 	sh("route", "add", "10.98.0.0/16", "dev", "dummy0.7")
 	sh("route", "add", "10.97.0.0/16", "dev", "dummy2")
+	sh("route", "add", "10.96.0.0/16", "dev", "dummy1", "src", "10.1.0.1") // a preferred source off the egress
+	sh("route", "add", "10.53.0.0/24", "dev", "lo")                        // via lo, held by no netdev
 
 	gid := func(s string) verbs.GID { return verbs.GIDFromIP(netip.MustParseAddr(s)) }
 	table := &resolver.Table{Source: "fixture", Ports: []resolver.Port{{
@@ -55,6 +59,7 @@ func TestResolveRoutesInNetns(t *testing.T) {
 			{Index: 2, GID: gid("fd01::1"), Type: verbs.GIDTypeRoCEv2, Netdev: "dummy0"},
 			{Index: 3, GID: gid("10.2.0.1"), Type: verbs.GIDTypeRoCEv2, Netdev: "dummy1"},
 			{Index: 4, GID: gid("10.7.0.1"), Type: verbs.GIDTypeRoCEv2, Netdev: "dummy0.7"},
+			{Index: 5, GID: gid("10.4.0.1"), Type: verbs.GIDTypeRoCEv2, Netdev: "dummy3"},
 		}}}}
 	resolve := func(dst, src string) (*resolver.Path, error) {
 		var p *resolver.Path
@@ -95,13 +100,40 @@ func TestResolveRoutesInNetns(t *testing.T) {
 	}
 
 	t.Run("source on dummy0, route via dummy1", func(t *testing.T) {
-		_, err := resolve("10.99.1.1", "10.1.0.1")
+		// As the kernel CM: the given source binds the path to dummy0, the
+		// route is looked up out of it (IPv4 holds to that netdev, and
+		// takes the destination to be on its link), and the GID entry is
+		// dummy0's.
+		p, err := resolve("10.99.1.1", "10.1.0.1")
+		require.NoError(t, err)
+		assert.Equal(t, "dummy0", p.Netdev)
+		assert.Equal(t, 1, p.GIDIndex, "%s", p.Explain())
+		assert.False(t, p.Gateway.IsValid(), "on dummy0's link, not via dummy1's gateway")
+		assert.Contains(t, p.Explain(), "it binds the path to dummy0")
+	})
+	t.Run("route's preferred source off the egress", func(t *testing.T) {
+		_, err := resolve("10.96.0.5", "")
 		assert.ErrorIs(t, err, resolver.ErrSourceNotOnEgress)
 		assert.ErrorContains(t, err, "10.1.0.1 belongs to dummy0 but the route leaves by dummy1")
 		var re *resolver.ResolveError
 		require.ErrorAs(t, err, &re)
-		assert.Contains(t, re.Path.Explain(), "route to 10.99.1.1: dev dummy1 via 10.2.0.254")
+		assert.Contains(t, re.Path.Explain(), "route to 10.96.0.5: dev dummy1 src 10.1.0.1")
 		assert.Contains(t, re.Path.Explain(), "FAILED")
+	})
+	t.Run("source no netdev holds", func(t *testing.T) {
+		_, err := resolve("10.1.0.50", "10.1.0.77")
+		assert.ErrorIs(t, err, resolver.ErrNoGIDForSource)
+		assert.ErrorContains(t, err, "no netdev holds it")
+	})
+	t.Run("route via lo to an address no netdev holds", func(t *testing.T) {
+		_, err := resolve("10.53.0.1", "")
+		assert.ErrorIs(t, err, resolver.ErrNoRDMADevice)
+		assert.ErrorContains(t, err, "uses lo, but no netdev holds 10.53.0.1")
+	})
+	t.Run("MTU too small for RoCE", func(t *testing.T) {
+		_, err := resolve("10.4.0.50", "")
+		assert.ErrorIs(t, err, resolver.ErrMTUTooSmall)
+		assert.ErrorContains(t, err, "dummy3's MTU 340")
 	})
 	t.Run("no route", func(t *testing.T) {
 		_, err := resolve("192.0.2.1", "")

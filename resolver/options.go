@@ -8,7 +8,10 @@ import (
 // Options refine [Resolve].
 type Options struct {
 	// Source is the local address to send from (rdma_resolve_addr's source).
-	// Default: the route's preferred source.
+	// Default: the route's preferred source. As in the kernel CM, a given
+	// source binds the path to the netdev that holds it (a link-local
+	// one's zone names it): the route is looked up out of that netdev, and
+	// the GID entry is that netdev's.
 	Source netip.Addr
 	// Interface makes the route leave by this netdev.
 	Interface string

@@ -83,6 +83,7 @@ func (p *Path) PathAttr() verbs.PathAttr {
 var (
 	ErrNoRoute      = errors.New("no route to the destination")
 	ErrNoRDMADevice = errors.New("the egress netdev has no RDMA device")
+	ErrMTUTooSmall  = errors.New("the egress netdev's MTU is too small for RoCE")
 )
 
 // ResolveError is returned by [Resolve]: the path as far as it got (its

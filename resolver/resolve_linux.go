@@ -59,10 +59,36 @@ func resolve(ctx context.Context, dst netip.Addr, opts Options) (*Path, error) {
 		}
 	}
 
-	// Route.
-	ro := &netlink.RouteGetOptions{Oif: opts.Interface}
+	// A given source binds the path to the netdev that holds it, as the
+	// kernel CM binds the id before it resolves (rdma_bind_addr_dst: a
+	// link-local source's zone, otherwise the netdev rdma_translate_ip
+	// finds): the route is looked up out of that netdev, and the GID entry
+	// is that netdev's (cma_acquire_dev_by_src_ip), whatever the route.
+	var bound netlink.Link
+	if s := opts.Source; s.IsValid() && !s.IsUnspecified() && !s.IsLoopback() {
+		if s.Is6() && s.IsLinkLocalUnicast() && s.Zone() == "" {
+			return fail(fmt.Errorf("resolver: source %v: %w: a link-local source needs its zone (%v%%netdev); "+
+				"the kernel CM refuses it with EINVAL", s, ErrNoGIDForSource, s))
+		}
+		l, err := linkWithAddr(s)
+		if err != nil {
+			return fail(fmt.Errorf("resolver: source %v: %w: no netdev holds it (%v); the kernel CM's bind fails with "+
+				"EADDRNOTAVAIL", s, ErrNoGIDForSource, err))
+		}
+		bound = l
+		p.note("source %v: given; it binds the path to %s, which holds it", s, l.Attrs().Name)
+	}
+
+	// Route, looked up as the kernel CM does: out of the bound netdev,
+	// and as uid 0 (the CM's lookups carry no uid; ip rule uidrange would
+	// otherwise apply the caller's).
+	var root uint32
+	ro := &netlink.RouteGetOptions{Oif: opts.Interface, UID: &root}
 	if opts.Source.IsValid() {
-		ro.SrcAddr = net.IP(opts.Source.AsSlice())
+		ro.SrcAddr = net.IP(opts.Source.WithZone("").AsSlice())
+	}
+	if bound != nil && ro.Oif == "" {
+		ro.Oif = bound.Attrs().Name
 	}
 	if z := dst.Zone(); z != "" && ro.Oif == "" {
 		ro.Oif = z
@@ -94,7 +120,9 @@ func resolve(ctx context.Context, dst netip.Addr, opts Options) (*Path, error) {
 
 	src := opts.Source
 	if src.IsValid() {
-		p.note("source %v: given", src)
+		if bound == nil {
+			p.note("source %v: given", src)
+		}
 	} else if a, ok := netip.AddrFromSlice(r.Src); ok {
 		src = a.Unmap()
 		if z := dst.Zone(); z != "" && src.IsLinkLocalUnicast() {
@@ -104,14 +132,15 @@ func resolve(ctx context.Context, dst netip.Addr, opts Options) (*Path, error) {
 		p.note("source %v: the route's preferred source", src)
 	}
 	if link.Attrs().Flags&net.FlagLoopback != 0 {
-		// Local destination: RDMA does not run on lo; use the netdev that owns the address.
-		owner := src
-		if !owner.IsValid() {
-			owner = dst
-		}
+		// Local destination: RDMA does not run on lo; the kernel takes
+		// the netdev that holds the destination (rdma_set_src_addr_rcu),
+		// and fails when none does (a route via lo to an address no
+		// netdev holds).
+		owner := dst
 		l, err := linkWithAddr(owner)
 		if err != nil {
-			return fail(fmt.Errorf("resolver: %v is local, but no netdev holds %v: %w", dst, owner, err))
+			return fail(fmt.Errorf("resolver: the route to %v uses lo, but no netdev holds %v (%v): %w; "+
+				"the kernel CM fails this with ADDR_ERROR -ENODEV", dst, owner, err, ErrNoRDMADevice))
 		}
 		p.note("%v is on this host: the route uses lo, which RDMA does not; like the kernel, leave by %s, which holds %v",
 			dst, l.Attrs().Name, owner)
@@ -126,7 +155,7 @@ func resolve(ctx context.Context, dst netip.Addr, opts Options) (*Path, error) {
 		}
 		p.note("source %v: an address of %s in the destination's scope (the route named none)", src, link.Attrs().Name)
 	}
-	if src.Is6() && src.IsLinkLocalUnicast() {
+	if src.Is6() && src.IsLinkLocalUnicast() && src.Zone() == "" {
 		src = src.WithZone(link.Attrs().Name)
 	}
 	p.Source = src
@@ -138,17 +167,23 @@ func resolve(ctx context.Context, dst netip.Addr, opts Options) (*Path, error) {
 		p.note("egress netdev %s (ifindex %d, MTU %d)", p.Netdev, p.NetdevIndex, p.NetdevMTU)
 	}
 
-	// Port.
-	port, others := findPort(table, p.Netdev, link.Attrs().HardwareAddr)
+	// Port: the one serving the bound netdev (the CM acquires the device
+	// at bind time), else the egress.
+	gidLink := link
+	if bound != nil {
+		gidLink = bound
+	}
+	gidNetdev := gidLink.Attrs().Name
+	port, others := findPort(table, gidNetdev, gidLink.Attrs().HardwareAddr)
 	if port == nil {
 		return fail(fmt.Errorf("resolver: %s (holding %v): %w; create one (rdma link add rxe0 type rxe netdev %s) "+
-			"or reach %v by a netdev that has one", p.Netdev, src, ErrNoRDMADevice, p.Netdev, dst))
+			"or reach %v by a netdev that has one", gidNetdev, src, ErrNoRDMADevice, gidNetdev, dst))
 	}
 	p.Device, p.Port, p.Kind, p.KindName = port.Device, port.Port, port.Kind(), port.Kind().String()
 	p.ActiveMTU = port.ActiveMTU
-	p.note("RDMA device %v (%v) serves %s", port, p.Kind, p.Netdev)
+	p.note("RDMA device %v (%v) serves %s", port, p.Kind, gidNetdev)
 	for _, o := range others {
-		p.note("note: %v also serves %s; the kernel CM takes the device registered first", o, p.Netdev)
+		p.note("note: %v also serves %s; the kernel CM takes the device registered first", o, gidNetdev)
 	}
 
 	// MTU.
@@ -162,7 +197,9 @@ func resolve(ctx context.Context, dst netip.Addr, opts Options) (*Path, error) {
 
 	switch p.Kind {
 	case verbs.KindIWARP:
-		if owner, err := linkWithAddr(src); err != nil || owner.Attrs().Index != p.NetdevIndex {
+		// A given source chose the device already (bound); a route's
+		// preferred source must be on the netdev the route leaves by.
+		if owner, err := linkWithAddr(src); bound == nil && (err != nil || owner.Attrs().Index != p.NetdevIndex) {
 			name := "no netdev"
 			if err == nil {
 				name = owner.Attrs().Name
@@ -180,18 +217,23 @@ func resolve(ctx context.Context, dst netip.Addr, opts Options) (*Path, error) {
 		return p, nil
 	}
 
+	if room == 0 {
+		return fail(fmt.Errorf("resolver: %s's MTU %d leaves no room for RoCE's smallest MTU (256 bytes and 96 of "+
+			"headers): %w; the kernel CM fails the route with EINVAL (iboe_get_mtu)", p.Netdev, p.NetdevMTU, ErrMTUTooSmall))
+	}
+
 	// GID.
 	want, why := DefaultGIDType(port, configfsOr(opts.Configfs))
 	if opts.RoCE != RoCEDefault {
 		want, why = opts.RoCE.gidType(), "asked for"
 	}
 	p.note("GID type %v: %s", want, why)
-	entry, cands, err := SelectGID(port, src, p.Netdev, want)
+	entry, cands, err := SelectGID(port, src, gidNetdev, want)
 	p.Candidates = cands
 	for _, c := range cands {
 		if c.Chosen {
 			p.note("  index %d %v %v %s: chosen (source address, %v, netdev %s)", c.Entry.Index, c.Entry.GID, c.Entry.Type,
-				orUnknown(c.Entry.Netdev), want, p.Netdev)
+				orUnknown(c.Entry.Netdev), want, gidNetdev)
 		} else {
 			p.note("  index %d %v %v %s: %s", c.Entry.Index, c.Entry.GID, c.Entry.Type, orUnknown(c.Entry.Netdev), c.Rejected)
 		}
