@@ -84,6 +84,8 @@ func TestResolveRoutesInNetns(t *testing.T) {
 		{dst: "10.98.0.5", netdev: "dummy0.7", source: "10.7.0.1", vlan: 7, index: 4},
 		{dst: "fd01::50", netdev: "dummy0", source: "fd01::1", index: 2},
 		{dst: "10.1.0.1", netdev: "dummy0", source: "10.1.0.1", index: 1}, // local: via lo, then the owner
+		// IPv4-mapped, as a dual-stack socket reports an IPv4 peer: the IPv4 address.
+		{dst: "::ffff:10.1.0.50", src: "::ffff:10.1.0.1", netdev: "dummy0", source: "10.1.0.1", index: 1},
 	} {
 		t.Run(tc.dst, func(t *testing.T) {
 			p, err := resolve(tc.dst, tc.src)

@@ -48,6 +48,15 @@ func resolve(ctx context.Context, dst netip.Addr, opts Options) (*Path, error) {
 	if !dst.IsValid() {
 		return fail(fmt.Errorf("resolver: no destination address"))
 	}
+	// An IPv4-mapped address (a dual-stack socket's view of an IPv4 peer)
+	// is the IPv4 address: the kernel CM takes it so, and its GID is the same.
+	if dst.Is4In6() {
+		dst = dst.Unmap()
+		p.Destination = dst
+	}
+	if opts.Source.Is4In6() {
+		opts.Source = opts.Source.Unmap()
+	}
 	if err := ctx.Err(); err != nil {
 		return fail(err)
 	}
@@ -295,6 +304,7 @@ func linkWithAddr(a netip.Addr) (netlink.Link, error) {
 	if z := a.Zone(); z != "" {
 		return netlink.LinkByName(z)
 	}
+	a = a.Unmap()
 	family := netlink.FAMILY_V4
 	if a.Is6() {
 		family = netlink.FAMILY_V6

@@ -111,7 +111,7 @@ func (p QPSetup) Steps() ([]Step, error) {
 		}
 		steps = []Step{init, rtr, rts}
 	default:
-		return nil, fmt.Errorf("%w: %v", ErrUnsupportedQPType, p.Type)
+		return nil, fmt.Errorf("%w: Steps builds RC, UC and UD connections, not %v", ErrUnsupportedQPType, p.Type)
 	}
 	for _, s := range steps {
 		if err := ValidateAttr(p.Type, s.From, s.To, &s.Attr, s.Mask); err != nil {

@@ -55,6 +55,7 @@ type Device struct {
 
 	stopEvents func()        // ends the event reader, if one runs
 	eventsDone chan struct{} // closed when it has ended
+	closing    bool          // Close has begun: no new event reader
 }
 
 // Open opens the device with the given name.
@@ -84,6 +85,7 @@ func borrowDevice(c *ibv.Context) *Device {
 // Close releases the device, ending its Events channel first.
 func (d *Device) Close() error {
 	d.mu.Lock()
+	d.closing = true
 	stop, done := d.stopEvents, d.eventsDone
 	d.stopEvents = nil
 	d.mu.Unlock()
@@ -274,7 +276,7 @@ func gidEntryOf(e ibv.GIDEntry) GIDEntry {
 func (d *Device) Events(ctx context.Context) (<-chan AsyncEvent, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.ctx == nil {
+	if d.ctx == nil || d.closing {
 		return nil, &OpError{Op: "events", Device: d.Info.Name, Err: syscall.EBADF, Hint: "the device is closed"}
 	}
 	if d.stopEvents != nil {

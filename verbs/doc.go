@@ -3,7 +3,7 @@
 // The pure-Go half builds without cgo: every field of struct ibv_qp_attr
 // ([QPAttr]), states, types, MTUs, access flags and attribute-mask bits with
 // their libibverbs names ([AttrMask] prints as STATE|AV|PATH_MTU), the IBTA
-// transition table for RC, UC and UD as data ([Rule], [Transitions]), and checks
+// transition table for RC, UC, UD, raw packet and XRC as data ([Rule], [Transitions]), and checks
 // that refuse a bad modify with an error that names what is missing or wrong:
 // [Validate] (the mask), [ValidateAttr] (encodable values: 24-bit PSNs and QP
 // numbers, 3-bit retry counts, 5-bit timer codes) and [ValidateForPort] (RoCE

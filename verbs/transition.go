@@ -289,7 +289,7 @@ func targets(t QPType, from QPState) []string {
 
 // ErrUnsupportedQPType is returned for QP types without a transition table here
 // (driver QPs, whose rules are their driver's).
-var ErrUnsupportedQPType = errors.New("verbs: no transition rules for this QP type (RC, UC, UD, raw packet and XRC are modelled)")
+var ErrUnsupportedQPType = errors.New("verbs: QP type not modelled here")
 
 // Validate checks a modify's attribute mask against the transition rules of
 // the QP type: every required attribute present, nothing the transition does
@@ -297,7 +297,7 @@ var ErrUnsupportedQPType = errors.New("verbs: no transition rules for this QP ty
 func Validate(t QPType, from, to QPState, mask AttrMask) error {
 	rules, ok := transitionTable[t]
 	if !ok {
-		return fmt.Errorf("%w: %v", ErrUnsupportedQPType, t)
+		return fmt.Errorf("%w: %v has no transition rules here (RC, UC, UD, raw packet and XRC have)", ErrUnsupportedQPType, t)
 	}
 	if !from.valid() || !to.valid() {
 		return fmt.Errorf("verbs: %v QP %v→%v: not a QP state", t, from, to)

@@ -9,11 +9,12 @@ package ibv
 #include <infiniband/verbs.h>
 
 // Which provider fn is code of, by the file it was loaded from: 1 for
-// libsiw, 2 for librxe, 0 for another. Only a QP or CQ whose functions are
-// libsiw's or librxe's is that provider's struct, and only the builds of
-// private ABI 34 (rdma-core 34 to 56) have the struct layouts that the
-// checks of siwQPFor and rxeQPFor read: an older librxe's structs are
-// smaller, and reading past them could fault. Others take the C path.
+// libsiw, 2 for librxe, of private ABI 34 (rdma-core 34 to 56), 3 and 4 for
+// their other builds, 0 for another. Only a QP or CQ whose functions are
+// libsiw's or librxe's is that provider's struct, and only the rdmav34
+// builds have the struct layouts that the checks of siwQPFor and rxeQPFor
+// read: an older librxe's structs are smaller, and reading past them could
+// fault. The others take the C path.
 static int rdmago_provider_of(void *fn) {
 	Dl_info info;
 	if (fn == NULL || dladdr(fn, &info) == 0 || info.dli_fname == NULL) {
@@ -26,6 +27,12 @@ static int rdmago_provider_of(void *fn) {
 	}
 	if (strcmp(base, "librxe-rdmav34.so") == 0) {
 		return 2;
+	}
+	if (strncmp(base, "libsiw-", 7) == 0) {
+		return 3;
+	}
+	if (strncmp(base, "librxe-", 7) == 0) {
+		return 4;
 	}
 	return 0;
 }
@@ -47,8 +54,10 @@ var fastPathOff = os.Getenv("RDMAGO_FASTPATH") == "off"
 // The providers whose queues have a Go data path.
 const (
 	providerOther = iota
-	providerSiw
+	providerSiw   // the rdmav34 builds, whose layouts the Go path knows
 	providerRxe
+	providerSiwOtherBuild // C path only
+	providerRxeOtherBuild
 )
 
 // providers holds providerOf's verdicts by function address.
@@ -72,7 +81,11 @@ func providerOf(fn unsafe.Pointer) int {
 // libsiw rings only for a send queue it finds idle, which those requests
 // make it look busy.
 func (q *QP) LaterPostRings() bool {
-	return q.fast != nil || providerOf(unsafe.Pointer(q.p.context.ops.post_send)) != providerSiw
+	if q.fast != nil {
+		return true
+	}
+	p := providerOf(unsafe.Pointer(q.p.context.ops.post_send))
+	return p != providerSiw && p != providerSiwOtherBuild
 }
 
 // choose picks the QP's data path, at its first post.

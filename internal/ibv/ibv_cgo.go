@@ -118,11 +118,9 @@ struct rdmago_wc {
 	uint8_t sl;
 };
 
-// Pointers as integers: the scratch is C memory, and out is the caller's
-// slice, which a pointer argument would force onto the heap on every poll
-// of a busy-polling loop. Poll keeps out alive across the call; a slice on
-// the caller's stack stays put, as a goroutine's stack does not move while
-// it is in C (a property of the runtime, not a cgo rule).
+// Pointers as integers: both the provider's scratch and out (the converted
+// completions, which Go copies into the caller's slice) are C memory, and
+// a pointer argument costs a cgocheck on every poll of a busy loop.
 static int rdmago_poll_cq(uintptr_t cq, int n, uintptr_t scratch, uintptr_t out) {
 	struct ibv_wc *wc = (struct ibv_wc *)scratch;
 	struct rdmago_wc *o = (struct rdmago_wc *)out;
