@@ -541,6 +541,14 @@ func (c *conn) checkLocal(op string, mr *verbs.MR, off, n int, deviceWrites bool
 	if mr == nil {
 		return c.opError(op, nil, errors.New("the memory region is nil"))
 	}
+	if mr.Bytes() == nil {
+		// Closed: by the caller, or with the connection, whose end then
+		// is the reason every call fails.
+		if c.ended() {
+			return c.endedError(op)
+		}
+		return c.opError(op, nil, errors.New("the memory region is closed"))
+	}
 	if size := len(mr.Bytes()); off < 0 || n < 0 || off > size || n > size-off {
 		oe := c.opError(op, nil, fmt.Errorf("%d bytes at offset %d do not lie within the %d-byte memory region", n, off, size))
 		oe.Hint = "off and n address the region: 0 <= off and off+n <= its size"
@@ -701,6 +709,9 @@ func (c *conn) replyTo(wc verbs.WorkCompletion, mr *verbs.MR, off int) (UDPeer, 
 	defer c.mrMu.Unlock()
 	if c.ended() {
 		return UDPeer{}, c.endedError("address the sender")
+	}
+	if err := c.checkLocal("address the sender", mr, off, verbs.GRHSize, false); err != nil {
+		return UDPeer{}, err // the GRH is read from mr at off
 	}
 	attr, err := c.pd.AHAttrFromWC(c.path.Port, wc, mr.Bytes()[off:off+verbs.GRHSize])
 	if err != nil {
