@@ -9,8 +9,9 @@
 // entries sit side by side, VLAN uppers add entries with the same values, and
 // indices move as addresses change. The rule here is the kernel's: the entry
 // whose value is the source address, whose type is the port's default (RoCE
-// v2 where supported) and whose netdev is the egress netdev, lowest index on
-// ties. There is never a silent fallback to index 0: when nothing qualifies
+// v2 where supported) and whose netdev is the egress netdev (or, for a
+// source the caller gave, the netdev holding it, to which the kernel CM
+// binds the id first), lowest index on ties. There is never a silent fallback to index 0: when nothing qualifies
 // the error says why and what to do.
 //
 // [Resolve] the path right before connecting: indices move when addresses or
