@@ -26,6 +26,10 @@ type CQ struct {
 	// which reads it outside mu; Close takes it for writing, after waking
 	// the waiter, before it destroys the channel.
 	waiting sync.RWMutex
+	// inWait: a Wait or PollWait is in progress. One at a time may be: the
+	// wait steps share the CQ's state (the event count, PollWait's buffer),
+	// and a second waiter is refused rather than let corrupt it.
+	inWait atomic.Bool
 	// armed: the CQ was armed and the event that arming brings has not
 	// been read yet. A wait then needs no new arming: it reads the event if
 	// it came, and otherwise the event's arrival wakes it. The CQ is never
@@ -117,10 +121,23 @@ func (c *CQ) Poll(wcs []WorkCompletion) (int, error) {
 // PollWait already returned (one that landed as PollWait armed): poll
 // after Wait, expecting none. One goroutine at a time may wait on a CQ.
 func (c *CQ) Wait(ctx context.Context) error {
+	if err := c.enterWait("wait for completions"); err != nil {
+		return err
+	}
+	defer c.inWait.Store(false)
 	if err := c.arm(); err != nil {
 		return err
 	}
 	return c.waitEvent(ctx, c.tryEvent)
+}
+
+// enterWait admits one waiter; the caller clears inWait when done.
+func (c *CQ) enterWait(op string) error {
+	if !c.inWait.CompareAndSwap(false, true) {
+		return &OpError{Op: op, Device: c.dev.Info.Name, Err: syscall.EBUSY,
+			Hint: "another goroutine is waiting on this CQ (Wait or PollWait): one at a time may; Poll may run beside it"}
+	}
+	return nil
 }
 
 // PollWait polls into wcs, and if the CQ is empty waits for completions
@@ -143,6 +160,10 @@ func (c *CQ) PollWait(ctx context.Context, wcs []WorkCompletion) (int, error) {
 		return 0, err
 	}
 	c.yield.maybeYield()
+	if err := c.enterWait("wait for completions"); err != nil {
+		return 0, err
+	}
+	defer c.inWait.Store(false)
 	if len(c.pwBuf) < len(wcs) {
 		c.pwBuf = make([]WorkCompletion, len(wcs))
 	}

@@ -6,6 +6,7 @@ import (
 	"context"
 	"os"
 	"os/exec"
+	"syscall"
 	"testing"
 	"time"
 
@@ -185,4 +186,34 @@ func alsoThroughTheProvider(t *testing.T) {
 		require.NoError(t, err, "%s", out)
 		require.Contains(t, string(out), "--- PASS: ", "%s", out)
 	})
+}
+
+// One goroutine at a time may wait on a CQ (the wait steps share its event
+// count and PollWait's buffer): a second Wait or PollWait is refused at
+// once, saying why, and the first goes on undisturbed.
+func TestSecondWaiterIsRefused(t *testing.T) {
+	checkNoLeaks(t)
+	a, b := pairOnRXE(t, verbs.QPTypeRC, 1, 2)
+	require.NoError(t, b.qp.PostRecv(verbs.RecvWR{ID: 1}))
+	got := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_, err := b.cq.PollWait(ctx, make([]verbs.WorkCompletion, 1))
+		got <- err
+	}()
+	require.Eventually(t, func() bool { return verbs.Waiting(b.cq) }, 10*time.Second, time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_, err := b.cq.PollWait(ctx, make([]verbs.WorkCompletion, 1))
+	assert.ErrorIs(t, err, syscall.EBUSY)
+	assert.ErrorContains(t, err, "another goroutine is waiting on this CQ")
+	assert.ErrorIs(t, b.cq.Wait(ctx), syscall.EBUSY)
+
+	require.NoError(t, a.qp.PostSend(verbs.SendWR{ID: 7, Opcode: verbs.OpSend}))
+	require.NoError(t, <-got, "the first wait took the completion")
+	short, stop := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer stop()
+	_, err = b.cq.PollWait(short, make([]verbs.WorkCompletion, 1))
+	assert.ErrorIs(t, err, context.DeadlineExceeded, "one waiter again once the first is done")
 }
