@@ -13,20 +13,29 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// An eventfd stands in for a library's descriptor: readable when non-zero.
-func TestWaiter(t *testing.T) {
+// eventfdWaiter is a Waiter on an eventfd, which stands in for a library's
+// descriptor (readable when non-zero): read takes its count, post adds one.
+func eventfdWaiter(t *testing.T) (w *Waiter, read func() bool, post func()) {
+	t.Helper()
 	fd, err := unix.Eventfd(0, unix.EFD_CLOEXEC)
 	require.NoError(t, err)
-	defer unix.Close(fd)
-	w, err := New(fd, "eventfd")
+	t.Cleanup(func() { unix.Close(fd) })
+	w, err = New(fd, "eventfd")
 	require.NoError(t, err)
-	read := func() bool {
-		var b [8]byte
+	t.Cleanup(func() { w.Close() }) // a second Close is harmless
+	var b [8]byte                   // outside the closure: a read allocates nothing
+	read = func() bool {
 		n, err := unix.Read(fd, b[:])
 		return err == nil && n == 8
 	}
-	post := func() { unix.Write(fd, []byte{1, 0, 0, 0, 0, 0, 0, 0}) }
+	one := []byte{1, 0, 0, 0, 0, 0, 0, 0}
+	post = func() { unix.Write(fd, one) }
+	return w, read, post
+}
 
+// A wait ends when the descriptor is ready, when its context ends, or with Close.
+func TestWaiter(t *testing.T) {
+	w, read, post := eventfdWaiter(t)
 	go func() { time.Sleep(50 * time.Millisecond); post() }()
 	require.NoError(t, w.Wait(context.Background(), read))
 
@@ -60,19 +69,7 @@ func TestWaiter(t *testing.T) {
 // after it, with another context or none, block until the descriptor is
 // ready again.
 func TestWaiterKeepsWatch(t *testing.T) {
-	fd, err := unix.Eventfd(0, unix.EFD_CLOEXEC)
-	require.NoError(t, err)
-	defer unix.Close(fd)
-	w, err := New(fd, "eventfd")
-	require.NoError(t, err)
-	defer w.Close()
-	var b [8]byte
-	read := func() bool {
-		n, err := unix.Read(fd, b[:])
-		return err == nil && n == 8
-	}
-	one := []byte{1, 0, 0, 0, 0, 0, 0, 0}
-	post := func() { unix.Write(fd, one) }
+	w, read, post := eventfdWaiter(t)
 
 	ctx, cancel := context.WithCancel(context.Background())
 	post()
@@ -107,19 +104,7 @@ type taggedContext struct {
 // Any context works, also one that cannot be compared: the kept watch is
 // known by its context's Done channel.
 func TestWaiterTakesContextsThatDoNotCompare(t *testing.T) {
-	fd, err := unix.Eventfd(0, unix.EFD_CLOEXEC)
-	require.NoError(t, err)
-	defer unix.Close(fd)
-	w, err := New(fd, "eventfd")
-	require.NoError(t, err)
-	defer w.Close()
-	read := func() bool {
-		var b [8]byte
-		n, err := unix.Read(fd, b[:])
-		return err == nil && n == 8
-	}
-	post := func() { unix.Write(fd, []byte{1, 0, 0, 0, 0, 0, 0, 0}) }
-
+	w, read, post := eventfdWaiter(t)
 	parent, cancel := context.WithCancel(context.Background())
 	for i := range 3 {
 		post()
