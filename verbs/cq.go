@@ -64,6 +64,9 @@ func (d *Device) CreateCQ(entries int) (*CQ, error) {
 		return nil, err
 	}
 	cq, op, err := ctx.CreateCQ(entries)
+	if err == nil {
+		d.cqs.Add(1)
+	}
 	d.leave()
 	if err != nil {
 		e := &OpError{Op: op, Device: d.Info.Name, Err: noCgo(err)}
@@ -301,5 +304,6 @@ func (c *CQ) Close() error {
 		c.mu.Unlock()
 		return &OpError{Op: "ibv_destroy_cq", Device: c.dev.Info.Name, Err: err, Hint: "close the QPs that use it first"}
 	}
+	c.dev.cqs.Add(-1)
 	return nil
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/rdmago/rdmago/internal/fdwait"
@@ -38,8 +39,9 @@ func noCgo(err error) error {
 	return err
 }
 
-// Device is an opened RDMA device (struct ibv_context). Close it when done;
-// every PD, CQ and QP made from it must be released first.
+// Device is an opened RDMA device (struct ibv_context). Close it when done,
+// after every PD and CQ made from it: ibv_close_device frees the context
+// under them, so Close refuses while any is open.
 type Device struct {
 	Info DeviceInfo
 
@@ -52,6 +54,11 @@ type Device struct {
 	// borrowed contexts belong to another library (librdmacm): Close
 	// leaves them open.
 	borrowed bool
+
+	// pds and cqs count the PDs and CQs made from the context and not yet
+	// closed; they change inside enter/leave or after a destroy, so Close,
+	// holding life, sees every creation that will count.
+	pds, cqs atomic.Int64
 
 	stopEvents func()        // ends the event reader, if one runs
 	eventsDone chan struct{} // closed when it has ended
@@ -99,6 +106,11 @@ func (d *Device) Close() error {
 	defer d.mu.Unlock()
 	if d.ctx == nil {
 		return nil
+	}
+	if pds, cqs := d.pds.Load(), d.cqs.Load(); pds+cqs > 0 && !d.borrowed {
+		return &OpError{Op: "ibv_close_device", Device: d.Info.Name, Err: syscall.EBUSY,
+			Detail: fmt.Sprintf("with %s and %s made from it still open", count(pds, "PD"), count(cqs, "CQ")),
+			Hint:   "close the QPs, MRs, AHs, CQs and PDs first: closing the device would free the context under them"}
 	}
 	if err := d.ctx.Close(); err != nil {
 		return &OpError{Op: "ibv_close_device", Device: d.Info.Name, Err: err}
@@ -323,4 +335,12 @@ func (d *Device) Events(ctx context.Context) (<-chan AsyncEvent, error) {
 		}
 	}()
 	return out, nil
+}
+
+// count is "1 PD", "2 PDs".
+func count(n int64, what string) string {
+	if n == 1 {
+		return "1 " + what
+	}
+	return fmt.Sprintf("%d %ss", n, what)
 }

@@ -63,3 +63,18 @@ func (e *OpError) Unwrap() error { return e.Err }
 // without cgo. The pure-Go parts of the package (attribute models, transition
 // validation, encoders) work without it.
 var ErrNoCgo = errors.New("verbs: built without cgo: libibverbs is not available (build with CGO_ENABLED=1 and libibverbs-dev)")
+
+// PostError is a batch the provider took only in part: the first Posted
+// work requests were posted and will complete (or be flushed), the rest
+// were not. A caller that posts again must start at Posted, or the
+// requests before it go out twice. Err is the provider's errno.
+type PostError struct {
+	Posted int
+	Err    error
+}
+
+func (e *PostError) Error() string {
+	return fmt.Sprintf("%v (the %d work requests before it were posted)", e.Err, e.Posted)
+}
+
+func (e *PostError) Unwrap() error { return e.Err }

@@ -26,6 +26,9 @@ func (d *Device) AllocPD() (*PD, error) {
 		return nil, err
 	}
 	pd, err := ctx.AllocPD()
+	if err == nil {
+		d.pds.Add(1)
+	}
 	d.leave()
 	if err != nil {
 		return nil, &OpError{Op: "ibv_alloc_pd", Device: d.Info.Name, Err: noCgo(err)}
@@ -48,6 +51,7 @@ func (p *PD) Close() error {
 			Hint: "close its QPs, MRs and AHs first"}
 	}
 	p.pd = nil
+	p.dev.pds.Add(-1)
 	return nil
 }
 
@@ -73,6 +77,10 @@ func (p *PD) RegisterMemory(size int, access AccessFlags) (*MR, error) {
 	}
 	if p.pd == nil {
 		return nil, &OpError{Op: "register memory", Device: p.dev.Info.Name, Err: syscall.EBADF, Hint: "the PD is closed"}
+	}
+	if access&(AccessRemoteWrite|AccessRemoteAtomic) != 0 && access&AccessLocalWrite == 0 {
+		return nil, &OpError{Op: "register memory", Device: p.dev.Info.Name, Detail: access.String(), Err: syscall.EINVAL,
+			Hint: "REMOTE_WRITE and REMOTE_ATOMIC need LOCAL_WRITE too (ibv_reg_mr refuses them alone)"}
 	}
 	buf, err := unix.Mmap(-1, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANON)
 	if err != nil {
@@ -101,8 +109,14 @@ func (m *MR) Bytes() []byte { return m.buf }
 // Addr is the region's start address, as a peer uses it in RDMA requests.
 func (m *MR) Addr() uint64 { return m.addr }
 
-// SGE returns the scatter/gather element for buf[off:off+n].
+// SGE returns the scatter/gather element for Bytes()[off:off+n]. Like
+// that slice expression it panics when the range is not inside the
+// region (or the region is closed): an element outside it would have the
+// device, or an inline send's copy, touch memory the region does not own.
 func (m *MR) SGE(off, n int) SGE {
+	if size := len(m.buf); off < 0 || n < 0 || off > size || n > size-off {
+		panic(fmt.Sprintf("verbs: MR.SGE(%d, %d) outside the region's %d bytes", off, n, size))
+	}
 	return SGE{Addr: m.Addr() + uint64(off), Length: uint32(n), LKey: m.LKey}
 }
 

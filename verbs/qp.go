@@ -209,8 +209,13 @@ func (q *QP) PostSend(wrs ...SendWR) error {
 		return err
 	}
 	total := 0
-	for _, w := range wrs {
-		total += len(w.SGEs)
+	iwarp := q.pd.dev.Info.Transport == TransportIWARP
+	for i := range wrs {
+		if why := sendWRProblem(q.Type, iwarp, &wrs[i]); why != "" {
+			return &OpError{Op: "ibv_post_send", Device: q.pd.dev.Info.Name, QPN: q.QPN, Err: syscall.EINVAL,
+				Detail: fmt.Sprintf("work request %d (ID %#x) of %d", i, wrs[i].ID, len(wrs)), Hint: why + "; nothing was posted"}
+		}
+		total += len(wrs[i].SGEs)
 	}
 	desc, sges, err := q.qp.SendScratch(len(wrs), total)
 	if err != nil {
@@ -238,11 +243,11 @@ func (q *QP) PostSend(wrs ...SendWR) error {
 	if bad, err := q.qp.PostSend(len(wrs)); err != nil {
 		e := &OpError{Op: "ibv_post_send", Device: q.pd.dev.Info.Name, QPN: q.QPN, Err: err}
 		if bad >= 0 && bad < len(wrs) {
-			e.Detail = fmt.Sprintf("work request %d (%v) of %d", bad, wrs[bad].Opcode, len(wrs))
+			e.Detail = fmt.Sprintf("work request %d (%v, ID %#x) of %d", bad, wrs[bad].Opcode, wrs[bad].ID, len(wrs))
+			e.Err = &PostError{Posted: bad, Err: err}
 		}
-		// The state libibverbs keeps is current for QPs the CM moved too;
-		// a full queue is a full queue in any state.
-		switch state := QPState(q.qp.State()); {
+		// A full queue is a full queue in any state.
+		switch state := q.stateNow(); {
 		case errors.Is(e.Err, syscall.ENOMEM):
 			e.Hint = "the send queue is full: poll completions first or raise Cap.MaxSendWR"
 		case errors.Is(e.Err, ibv.ErrReasonLost):
@@ -270,6 +275,16 @@ func (q *QP) PostSend(wrs ...SendWR) error {
 		return e
 	}
 	return nil
+}
+
+// stateNow is the QP's state for an error's hint, from the kernel: the
+// state libibverbs keeps is not moved by librdmacm on iWARP, whose RTS the
+// iWARP CM sets in the kernel alone.
+func (q *QP) stateNow() QPState {
+	if qa, err := q.qp.Query(uint32(AttrState)); err == nil {
+		return attrFromIBV(&qa).State
+	}
+	return QPState(q.qp.State())
 }
 
 // copySGEs copies a work request's SGEs and adds up their bytes.
@@ -320,10 +335,17 @@ func (q *QP) PostRecv(wrs ...RecvWR) error {
 		}
 		s += n
 	}
-	if _, err := q.qp.PostRecv(len(wrs)); err != nil {
+	if bad, err := q.qp.PostRecv(len(wrs)); err != nil {
 		e := &OpError{Op: "ibv_post_recv", Device: q.pd.dev.Info.Name, QPN: q.QPN, Err: err}
-		if errors.Is(e.Err, syscall.ENOMEM) {
+		if bad >= 0 && bad < len(wrs) {
+			e.Detail = fmt.Sprintf("work request %d (ID %#x) of %d", bad, wrs[bad].ID, len(wrs))
+			e.Err = &PostError{Posted: bad, Err: err}
+		}
+		switch state := q.stateNow(); {
+		case errors.Is(err, syscall.ENOMEM):
 			e.Hint = "the receive queue is full: raise Cap.MaxRecvWR"
+		case state == QPStateReset:
+			e.Hint = "the QP is in RESET: receives can be posted from INIT on"
 		}
 		return e
 	}

@@ -223,3 +223,32 @@ type QPInit struct {
 	// only those with SendSignaled do.
 	SignalAll bool
 }
+
+// sendWRProblem says why a QP of type t (on an iWARP device if iwarp)
+// cannot carry w, or returns "". The providers trust these rules: librxe
+// reads a UD send's AH without a check, and in struct ibv_send_wr a UD
+// send's AH shares its place with an RDMA request's remote address, so an
+// AH on an RC send would become the address written to.
+func sendWRProblem(t QPType, iwarp bool, w *SendWR) string {
+	op := w.Opcode
+	atomic := op == OpAtomicCmpAndSwp || op == OpAtomicFetchAdd
+	switch {
+	case op > OpAtomicFetchAdd:
+		return fmt.Sprintf("opcode %v is not one this package posts (RDMA_WRITE to ATOMIC_FETCH_AND_ADD)", op)
+	case t == QPTypeUD && op != OpSend && op != OpSendWithImm:
+		return fmt.Sprintf("a UD QP sends SEND and SEND_WITH_IMM only, not %v", op)
+	case t == QPTypeUD && w.AH == nil:
+		return "a UD send needs an address handle (SendWR.AH)"
+	case t != QPTypeUD && w.AH != nil:
+		return fmt.Sprintf("only UD sends take an address handle (SendWR.AH); this QP is %v", t)
+	case t == QPTypeUC && (op == OpRDMARead || atomic):
+		return fmt.Sprintf("a UC QP has no %v (RDMA_READ and atomics need RC)", op)
+	case iwarp && (op == OpSendWithImm || op == OpRDMAWriteWithImm):
+		return fmt.Sprintf("iWARP has no immediate data: %v is not carried (send the value in the message instead)", op)
+	case iwarp && atomic:
+		return fmt.Sprintf("iWARP devices here have no atomics (%v)", op)
+	case atomic && (len(w.SGEs) != 1 || w.SGEs[0].Length != 8 || w.RemoteAddr%8 != 0):
+		return "an atomic works on 8 aligned bytes: one SGE of 8 bytes, and RemoteAddr a multiple of 8"
+	}
+	return ""
+}

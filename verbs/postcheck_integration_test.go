@@ -1,0 +1,140 @@
+//go:build integration
+
+package verbs_test
+
+import (
+	"syscall"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/rdmago/rdmago/test/testbed"
+	"github.com/rdmago/rdmago/verbs"
+)
+
+// Work requests a QP cannot carry are refused in Go, naming the request
+// and the rule, before the provider sees them: librxe reads a UD send's
+// address handle unchecked (a nil one crashed the process), and an AH on
+// an RC send took the place of the RDMA request's remote address.
+func TestPostRefusesWhatTheQPCannotCarry(t *testing.T) {
+	checkNoLeaks(t)
+	dev, pd, _, gid, gidIndex := openRXE(t)
+	rc, ud := newEndpoint(t, dev, pd, verbs.QPTypeRC), newEndpoint(t, dev, pd, verbs.QPTypeUD)
+	uc := newEndpoint(t, dev, pd, verbs.QPTypeUC)
+	ah, err := pd.CreateAH(verbs.AHAttr{PortNum: 1, IsGlobal: true,
+		GRH: verbs.GlobalRoute{DGID: gid, SGIDIndex: uint8(gidIndex), HopLimit: 64}})
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, ah.Close()) })
+
+	send := verbs.SendWR{ID: 0x77, Opcode: verbs.OpSend, SGEs: []verbs.SGE{rc.mr.SGE(0, 8)}}
+	withAH := send
+	withAH.AH = ah
+	write := verbs.SendWR{ID: 0x78, Opcode: verbs.OpRDMAWrite, SGEs: []verbs.SGE{rc.mr.SGE(0, 8)}, AH: ah,
+		RemoteAddr: rc.mr.Addr(), RKey: rc.mr.RKey}
+	read := verbs.SendWR{ID: 0x79, Opcode: verbs.OpRDMARead, SGEs: []verbs.SGE{uc.mr.SGE(0, 8)},
+		RemoteAddr: uc.mr.Addr(), RKey: uc.mr.RKey}
+	atomic := verbs.SendWR{ID: 0x7a, Opcode: verbs.OpAtomicFetchAdd, SGEs: []verbs.SGE{rc.mr.SGE(0, 8)},
+		RemoteAddr: rc.mr.Addr() + 4, RKey: rc.mr.RKey}
+	for _, c := range []struct {
+		qp   *verbs.QP
+		wrs  []verbs.SendWR
+		want string
+	}{
+		{ud.qp, []verbs.SendWR{withAH, send}, "work request 1 (ID 0x77) of 2"},
+		{ud.qp, []verbs.SendWR{send}, "a UD send needs an address handle (SendWR.AH)"},
+		{ud.qp, []verbs.SendWR{{Opcode: verbs.OpRDMAWrite, AH: ah}}, "a UD QP sends SEND and SEND_WITH_IMM only, not RDMA_WRITE"},
+		{rc.qp, []verbs.SendWR{write}, "only UD sends take an address handle (SendWR.AH); this QP is RC"},
+		{uc.qp, []verbs.SendWR{read}, "a UC QP has no RDMA_READ"},
+		{rc.qp, []verbs.SendWR{atomic}, "an atomic works on 8 aligned bytes"},
+		{rc.qp, []verbs.SendWR{{Opcode: 9}}, "opcode Opcode(9) is not one this package posts"},
+	} {
+		err := c.qp.PostSend(c.wrs...)
+		assert.ErrorIs(t, err, syscall.EINVAL, c.want)
+		assert.ErrorContains(t, err, c.want)
+		assert.ErrorContains(t, err, "nothing was posted", c.want)
+	}
+	// Nothing went out: the QPs are in RESET, and nothing was queued for
+	// their first post in RTS.
+	n, err := rc.cq.Poll(make([]verbs.WorkCompletion, 4))
+	require.NoError(t, err)
+	assert.Zero(t, n)
+
+	// A receive before INIT names the state it needs.
+	err = rc.qp.PostRecv(verbs.RecvWR{ID: 1, SGEs: []verbs.SGE{rc.mr.SGE(0, 64)}})
+	assert.ErrorIs(t, err, syscall.EINVAL)
+	assert.ErrorContains(t, err, "the QP is in RESET: receives can be posted from INIT on")
+}
+
+// iWARP has no immediate data and (on the devices here) no atomics: such a
+// request is refused saying so, not with a bare EINVAL whose hint blamed
+// the QP's state.
+func TestPostRefusesImmediateDataOnIWARP(t *testing.T) {
+	siw := testbed.Require(t).MustDevice(t, "siw0")
+	checkNoLeaks(t)
+	dev, err := verbs.Open(siw.Name)
+	require.NoError(t, err)
+	t.Cleanup(func() { dev.Close() })
+	pd, err := dev.AllocPD()
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, pd.Close()) })
+	e := newEndpoint(t, dev, pd, verbs.QPTypeRC)
+	for op, want := range map[verbs.Opcode]string{
+		verbs.OpRDMAWriteWithImm: "iWARP has no immediate data: RDMA_WRITE_WITH_IMM",
+		verbs.OpSendWithImm:      "iWARP has no immediate data: SEND_WITH_IMM",
+		verbs.OpAtomicCmpAndSwp:  "iWARP devices here have no atomics",
+	} {
+		err := e.qp.PostSend(verbs.SendWR{Opcode: op, SGEs: []verbs.SGE{e.mr.SGE(0, 8)}, RemoteAddr: e.mr.Addr(), RKey: e.mr.RKey})
+		assert.ErrorIs(t, err, syscall.EINVAL, want)
+		assert.ErrorContains(t, err, want)
+	}
+}
+
+// An SGE outside its region panics, as the slice expression it stands for
+// would: inline sends copy from its address without a key check, so it
+// would send (or fault on) memory the region does not own.
+func TestSGEOutsideTheRegionPanics(t *testing.T) {
+	checkNoLeaks(t)
+	_, pd, _, _, _ := openRXE(t)
+	mr, err := pd.RegisterMemory(4096, verbs.AccessLocalWrite)
+	require.NoError(t, err)
+	assert.Equal(t, uint32(4096), mr.SGE(0, 4096).Length)
+	assert.Equal(t, mr.Addr()+4096, mr.SGE(4096, 0).Addr)
+	for _, r := range [][2]int{{4000, 200}, {-8, 16}, {0, -1}, {4097, 0}} {
+		assert.Panics(t, func() { mr.SGE(r[0], r[1]) }, "SGE(%d, %d)", r[0], r[1])
+	}
+	require.NoError(t, mr.Close())
+	assert.Panics(t, func() { mr.SGE(0, 8) }, "a closed region has no bytes")
+
+	_, err = pd.RegisterMemory(4096, verbs.AccessRemoteWrite)
+	assert.ErrorIs(t, err, syscall.EINVAL)
+	assert.ErrorContains(t, err, "REMOTE_WRITE and REMOTE_ATOMIC need LOCAL_WRITE too")
+}
+
+// A device with PDs or CQs still open refuses to close: ibv_close_device
+// would free the context under them, and their later calls (and the Go
+// data path's doorbells, on a descriptor number the process may reuse)
+// would use freed memory.
+func TestDeviceCloseRefusedWhileInUse(t *testing.T) {
+	checkNoLeaks(t)
+	rxe := testbed.Require(t).MustDevice(t, "rxe0")
+	dev, err := verbs.Open(rxe.Name)
+	require.NoError(t, err)
+	pd, err := dev.AllocPD()
+	require.NoError(t, err)
+	cq, err := dev.CreateCQ(4)
+	require.NoError(t, err)
+
+	err = dev.Close()
+	assert.ErrorIs(t, err, syscall.EBUSY)
+	assert.ErrorContains(t, err, "with 1 PD and 1 CQ made from it still open")
+	require.NoError(t, cq.Close())
+	require.NoError(t, cq.Close(), "a second close does not count twice")
+	err = dev.Close()
+	assert.ErrorContains(t, err, "with 1 PD and 0 CQs made from it still open")
+	_, err = dev.QueryPort(1)
+	require.NoError(t, err, "a refused close leaves the device open")
+	require.NoError(t, pd.Close())
+	require.NoError(t, dev.Close())
+	require.NoError(t, dev.Close())
+}
