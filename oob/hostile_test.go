@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"net"
+	"net/netip"
 	"testing"
 	"time"
 
@@ -29,8 +30,8 @@ func hear(t *testing.T, peer func(c net.Conn)) error {
 	}()
 	done := make(chan error, 1)
 	go func() {
-		var p tcpPeer
-		done <- sayHear(a, bufio.NewReader(a), tcpPeer{QPN: 1}, &p)
+		var p line
+		done <- sayHear(a, bufio.NewReader(a), line{Version: version, QPN: 1}, &p)
 	}()
 	select {
 	case err := <-done:
@@ -60,7 +61,7 @@ func TestHostilePeerLines(t *testing.T) {
 	assert.ErrorContains(t, err, "reading from the peer")
 
 	err = hear(t, func(c net.Conn) {
-		b, _ := json.Marshal(tcpPeer{QPN: 7, PSN: 9})
+		b, _ := json.Marshal(line{Version: version, QPN: 7, PSN: 9})
 		c.Write(append(b, '\n'))
 	})
 	require.NoError(t, err, "a peer of ours is heard")
@@ -70,17 +71,25 @@ func TestHostilePeerLines(t *testing.T) {
 // whose MTU is a real one or zero (the values are checked again when the
 // QP is moved).
 func FuzzPeerLine(f *testing.F) {
-	b, _ := json.Marshal(tcpPeer{QPN: 7, PSN: 9, Family: "IPv4", ActiveMTU: 3})
+	b, _ := json.Marshal(line{Version: version, QPN: 7, PSN: 9, Family: "IPv4", MTU: 3, GID: netip.MustParseAddr("::ffff:10.0.0.1")})
 	f.Add(b)
 	f.Add([]byte(`{"mtu": 4097}`))
 	f.Add([]byte(`{"gid": "::1", "gid_type": 99}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		var p tcpPeer
+		var p line
 		if err := json.Unmarshal(b, &p); err != nil {
 			return
 		}
-		if p.ActiveMTU != 0 && !p.ActiveMTU.Valid() {
-			t.Fatalf("%q decoded to MTU %v", b, p.ActiveMTU)
+		if p.MTU != 0 && !p.MTU.Valid() {
+			t.Fatalf("%q decoded to MTU %v", b, p.MTU)
+		}
+		// Whatever decodes, checkPeer refuses or passes without a crash,
+		// and what it passes can address a QP.
+		x := testExchange(&Config{})
+		if err := x.checkPeer(peerLine(), &p); err == nil {
+			if p.QPN < 2 || p.QPN > 0xffffff || p.PSN > 0xffffff || !p.MTU.Valid() || !p.GID.IsValid() || p.GID.IsUnspecified() {
+				t.Fatalf("%q passed checkPeer as %+v", b, p)
+			}
 		}
 	})
 }

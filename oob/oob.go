@@ -14,8 +14,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"net/netip"
+	"os"
 	"sync"
 	"time"
 
@@ -50,6 +52,12 @@ type Config struct {
 	// forever) default to 7; negative means none.
 	RetryCount    int
 	RNRRetryCount int
+	// ResponderResources and InitiatorDepth bound the RDMA reads and
+	// atomics in flight that the QP answers and issues (default 1 each, at
+	// most the device's MaxQPRdAtom and MaxQPInitRdAtom). The peer's
+	// InitiatorDepth must not exceed this side's ResponderResources.
+	ResponderResources int
+	InitiatorDepth     int
 	// TOS is the traffic class of the QP's GRH (zero: 0).
 	TOS uint8
 	// ACKTimeout is the QP's local ACK timeout code (zero: verbs' default).
@@ -58,7 +66,34 @@ type Config struct {
 	// may change them; what it leaves is still validated. An error aborts
 	// the connection.
 	BeforeModify func(t verbs.Transition, attr *verbs.QPAttr, mask *verbs.AttrMask) error
+	// BeforeConnect, if set, runs once the QP is at RTS and before this
+	// side tells the peer it is ready. Register memory and post receives
+	// there: the peer may send as soon as it hears that, and a SEND that
+	// finds no receive waits out RNR retries (or, with RNRRetryCount
+	// negative, fails the connection). An error aborts the connection and
+	// is told to the peer; memory registered here is released on every
+	// path.
+	BeforeConnect func(s rdmacm.Setup) error
+
+	// Timeout bounds Connect, the wait for the peer included, unless ctx
+	// ends sooner: 10 s by default, negative for none (ctx alone). A peer
+	// that accepted the TCP connection but never runs its side would
+	// otherwise hold the QP until ctx ends.
+	Timeout time.Duration
 }
+
+// ErrPeerFailed is matched by the error of a Connect whose peer failed
+// its side of the exchange and said why; the error carries that reason.
+var ErrPeerFailed = errors.New("the peer failed its side")
+
+const (
+	// version is the exchange's; a peer speaking another is refused.
+	version        = 1
+	defaultTimeout = 10 * time.Second
+	// maxReason bounds the failure told to the peer, well inside the
+	// 4096-byte line the reader takes.
+	maxReason = 1024
+)
 
 // Conn is an RC connection whose QP data crossed a TCP socket. It has the
 // methods of rdmacm.Conn; the socket stays open as its liveness signal:
@@ -73,10 +108,12 @@ type Conn struct {
 // IP address with package resolver (device, port, the GID index the kernel
 // CM would pick, GID type, active MTU), creates its QP, and the two
 // exchange QP number, PSN, GID, GID type, address family and MTU over the
-// socket. GID types and address families must match (RoCE v1 against v2,
-// or IPv4 against IPv6, connects and then never delivers a packet), and
-// the path MTU is the smaller side's. Errors are *rdmacm.OpError; on
-// failure the socket is left to the caller.
+// socket, one JSON line each way, then one more once each QP is at RTS.
+// GID types and address families must match (RoCE v1 against v2, or IPv4
+// against IPv6, connects and then never delivers a packet), and the path
+// MTU is the smaller side's. A side that fails after the exchange began
+// tells the other why, whose error then matches [ErrPeerFailed]. Errors
+// are *rdmacm.OpError; on failure the socket is left to the caller.
 func Connect(ctx context.Context, tcp net.Conn, cfg *Config) (*Conn, error) {
 	var o Config
 	if cfg != nil {
@@ -93,6 +130,15 @@ func Connect(ctx context.Context, tcp net.Conn, cfg *Config) (*Conn, error) {
 	rnrRetry, err := retries("RNRRetryCount", o.RNRRetryCount)
 	if err != nil {
 		return nil, fail("check config", err)
+	}
+	if o.Timeout == 0 {
+		o.Timeout = defaultTimeout
+	}
+	if o.Timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeoutCause(ctx, o.Timeout,
+			fmt.Errorf("%w: Connect took longer than Config.Timeout (%v)", context.DeadlineExceeded, o.Timeout))
+		defer cancel()
 	}
 	if dl, ok := ctx.Deadline(); ok {
 		tcp.SetDeadline(dl)
@@ -130,25 +176,37 @@ func Connect(ctx context.Context, tcp net.Conn, cfg *Config) (*Conn, error) {
 	}
 	var res cmbridge.RC
 	x := exchange{o: &o, retry: retry, rnrRetry: rnrRetry, path: path, res: &res, local: local, remote: remote}
-	if err := x.run(ctx, tcp); err != nil {
-		release(&res)
+	conn, err := x.run(ctx, tcp)
+	if err != nil {
+		if conn != nil {
+			cmbridge.AbortRC(conn)
+		} else {
+			release(&res)
+		}
 		var oe *rdmacm.OpError
 		if !errors.As(err, &oe) {
 			oe = fail("exchange", err)
 		}
+		if ctx.Err() == nil && errors.Is(err, os.ErrDeadlineExceeded) {
+			<-ctx.Done() // the socket's deadline is ctx's, whose timer is due
+		}
 		if ctx.Err() != nil {
 			// The socket's deadline stopped the exchange: say why, and
 			// match the context's error.
-			oe.Err = fmt.Errorf("%w (%v)", ctx.Err(), oe.Err)
+			oe.Err = fmt.Errorf("%w (%w)", context.Cause(ctx), oe.Err)
+			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				oe.Kind = rdmacm.ErrTimeout
+			}
 		}
 		return nil, oe
 	}
-	if !halt() { // ctx ended just now: the exchange is not to be trusted
-		release(&res)
-		return nil, fail("exchange", ctx.Err())
-	}
-	res.TCP = tcp
-	return &Conn{cmbridge.AdoptRC(res).(*rdmacm.Conn)}, nil
+	// Every line has crossed: a ctx that ends now does not undo that, as
+	// the peer has its connection too. The socket stays the liveness
+	// signal, without the exchange's deadline.
+	halt()
+	tcp.SetDeadline(time.Time{})
+	cmbridge.StartRC(conn, x.reader)
+	return &Conn{conn.(*rdmacm.Conn)}, nil
 }
 
 // release closes what a failed Connect made.
@@ -185,15 +243,24 @@ func retries(name string, v int) (uint8, error) {
 	return uint8(v), nil
 }
 
-// tcpPeer is what each side tells the other, as one JSON line.
-type tcpPeer struct {
-	QPN       uint32        `json:"qpn"`
-	PSN       uint32        `json:"psn"`
-	GID       verbs.GID     `json:"gid"`
-	GIDType   verbs.GIDType `json:"gid_type"`
-	Family    string        `json:"family"`
-	ActiveMTU verbs.MTU     `json:"mtu"`
-	LID       uint16        `json:"lid"`
+// line is what each side tells the other, as one JSON line: first its QP
+// data, then, once its QP is at RTS, that it is ready. Either may instead
+// say why this side failed (Error), which ends the exchange.
+type line struct {
+	Version int    `json:"v"`
+	Error   string `json:"error,omitempty"`
+
+	QPN     uint32        `json:"qpn,omitempty"`
+	PSN     uint32        `json:"psn,omitempty"`
+	GID     netip.Addr    `json:"gid,omitzero"`
+	GIDType verbs.GIDType `json:"gid_type,omitempty"`
+	Family  string        `json:"family,omitempty"`
+	// MTU is the largest this side can use on the path: its port's active
+	// MTU, or less where its netdev has less room.
+	MTU verbs.MTU `json:"mtu,omitempty"`
+	LID uint16    `json:"lid,omitempty"`
+
+	Ready bool `json:"ready,omitempty"`
 }
 
 // exchange is one side's part of Connect, after the path is resolved.
@@ -203,11 +270,16 @@ type exchange struct {
 	path            *resolver.Path
 	res             *cmbridge.RC
 	local, remote   netip.AddrPort
+	reader          *bufio.Reader // the socket, past the exchange's lines
 }
 
 func (x *exchange) where(step string, err error) *rdmacm.OpError {
-	return &rdmacm.OpError{Op: "connect over TCP: " + step, Local: x.local, Remote: x.remote,
+	oe := &rdmacm.OpError{Op: "connect over TCP: " + step, Local: x.local, Remote: x.remote,
 		Device: x.path.Device, Port: x.path.Port, Err: err}
+	if x.res.QP != nil {
+		oe.QPN = x.res.QP.QPN
+	}
+	return oe
 }
 
 // checkShared refuses a PD or CQ of the config that cannot serve a QP on
@@ -314,77 +386,196 @@ func (x *exchange) makeQP() (verbs.PortAttr, error) {
 }
 
 // run makes the QP, swaps QP data with the peer over tcp, moves the QP to
-// RTS and waits for the peer's.
-func (x *exchange) run(ctx context.Context, tcp net.Conn) error {
+// RTS, runs BeforeConnect and waits for the peer's readiness. It returns
+// the connection, not yet watching the socket, once it exists: a failure
+// after that must abort it, before that release x.res.
+func (x *exchange) run(ctx context.Context, tcp net.Conn) (conn any, err error) {
+	x.reader = bufio.NewReader(tcp)
+	told := false
+	defer func() {
+		if err != nil && !told {
+			x.tell(tcp, err)
+		}
+	}()
 	if err := x.checkShared(); err != nil {
-		return err
+		return nil, err
 	}
 	port, err := x.makeQP()
 	if err != nil {
+		return nil, err
+	}
+	me, err := x.announce(port)
+	if err != nil {
+		return nil, err
+	}
+	var peer line
+	if err := sayHear(tcp, x.reader, me, &peer); err != nil {
+		return nil, x.where("exchange QP data", err)
+	}
+	if err := x.checkPeer(me, &peer); err != nil {
+		told = peer.Error != "" // the peer has failed: nothing to tell it
+		return nil, err
+	}
+	steps, err := x.steps(port, me, &peer)
+	if err != nil {
+		return nil, err
+	}
+	o, res := x.o, x.res
+	for _, s := range steps {
+		if o.BeforeModify != nil {
+			if err := o.BeforeModify(s.Transition, &s.Attr, &s.Mask); err != nil {
+				return nil, x.where("modify QP "+s.Transition.String(), fmt.Errorf("BeforeModify: %w", err))
+			}
+		}
+		if err := res.QP.Modify(&s.Attr, s.Mask); err != nil {
+			return nil, x.where("modify QP "+s.Transition.String(), err)
+		}
+	}
+	res.Local, res.Remote, res.Port = x.local, x.remote, x.path.Port
+	res.Kind, res.GIDIndex, res.GIDType = x.path.Kind, x.path.GIDIndex, x.path.GIDType
+	res.TCP = tcp
+	conn = cmbridge.AdoptRC(*res)
+	if o.BeforeConnect != nil {
+		if err := o.BeforeConnect(cmbridge.SetupOf(conn).(rdmacm.Setup)); err != nil {
+			return conn, x.where("BeforeConnect", err)
+		}
+	}
+	// Both QPs are at RTS, and this side's receives posted, before either
+	// side sends.
+	var ready line
+	if err := sayHear(tcp, x.reader, line{Version: version, Ready: true}, &ready); err != nil {
+		return conn, x.where("wait for the peer's RTS", err)
+	}
+	if err := x.peerSaid("wait for the peer's RTS", &ready); err != nil {
+		told = true
+		return conn, err
+	}
+	if !ready.Ready {
+		return conn, x.where("wait for the peer's RTS", errors.New("the peer said neither that it is ready nor why not"))
+	}
+	return conn, nil
+}
+
+// announce is this side's QP data: the MTU it can use on the path, a
+// random first PSN.
+func (x *exchange) announce(port verbs.PortAttr) (line, error) {
+	if x.path.GIDIndex > math.MaxUint8 {
+		// ibv_global_route's sgid_index is 8 bits: a larger index would
+		// name another entry.
+		oe := x.where("check path", fmt.Errorf("GID index %d does not fit the 8 bits a QP's address vector holds", x.path.GIDIndex))
+		oe.Hint = "use rdmacm's Dial and Listen, whose CM addresses the GID itself"
+		return line{}, oe
+	}
+	var psn [4]byte
+	rand.Read(psn[:])
+	mtu := port.ActiveMTU
+	if m := x.path.PathMTU; m.Valid() && m < mtu {
+		mtu = m
+	}
+	return line{Version: version, QPN: x.res.QP.QPN, PSN: binary.BigEndian.Uint32(psn[:]) & 0xffffff,
+		GID: netip.AddrFrom16(x.path.GID), GIDType: x.path.GIDType, Family: family(x.local.Addr()), MTU: mtu, LID: port.LID}, nil
+}
+
+// peerSaid checks a line's version and whether it reports the peer's
+// failure.
+func (x *exchange) peerSaid(step string, l *line) error {
+	if l.Version != version {
+		oe := x.where(step, fmt.Errorf("the peer speaks version %d of the exchange, this side %d", l.Version, version))
+		oe.Hint = "run rdmago's oob of the same exchange version at both ends"
+		return oe
+	}
+	if l.Error != "" {
+		oe := x.where(step, fmt.Errorf("%w: %s", ErrPeerFailed, l.Error))
+		oe.Hint = "this side released its QP; the peer's own error says more"
+		return oe
+	}
+	return nil
+}
+
+// checkPeer refuses QP data that cannot name a peer QP on this path, or
+// that does not match this side's.
+func (x *exchange) checkPeer(me line, peer *line) error {
+	if err := x.peerSaid("exchange QP data", peer); err != nil {
 		return err
 	}
-	o, res, path, where, local := x.o, x.res, x.path, x.where, x.local
-	var psnBytes [4]byte
-	rand.Read(psnBytes[:])
-	me := tcpPeer{QPN: res.QP.QPN, PSN: binary.BigEndian.Uint32(psnBytes[:]) & 0xffffff, GID: path.GID,
-		GIDType: path.GIDType, Family: family(local.Addr()), ActiveMTU: port.ActiveMTU, LID: port.LID}
-
-	r := bufio.NewReader(tcp)
-	var peer tcpPeer
-	if err := sayHear(tcp, r, me, &peer); err != nil {
-		return where("exchange QP data", err)
+	bad := func(err error) error {
+		oe := x.where("check peer", err)
+		oe.Hint = "the peer is not a working rdmago oob.Connect"
+		return oe
+	}
+	g := peer.GID
+	switch {
+	case peer.QPN < 2 || peer.QPN > 0xffffff:
+		return bad(fmt.Errorf("the peer sent QP number %#x: QP numbers are 24 bits, and 0 and 1 are special QPs", peer.QPN))
+	case peer.PSN > 0xffffff:
+		return bad(fmt.Errorf("the peer sent PSN %#x, more than 24 bits", peer.PSN))
+	case !peer.MTU.Valid():
+		return bad(fmt.Errorf("the peer sent no MTU (%d)", int(peer.MTU)))
+	case !g.IsValid() || g.IsUnspecified() || g.IsMulticast() || g.Unmap().IsMulticast():
+		return bad(fmt.Errorf("the peer sent GID %q, not a unicast GID", g))
 	}
 	if peer.GIDType != me.GIDType {
-		oe := where("check peer", fmt.Errorf("GID types differ: %v here, %v at the peer", me.GIDType, peer.GIDType))
+		oe := x.where("check peer", fmt.Errorf("GID types differ: %v here, %v at the peer", me.GIDType, peer.GIDType))
 		oe.Hint = "both ends must use the same RoCE version; set resolver's RoCE option or the ports' default_roce_mode"
 		return oe
 	}
 	if peer.Family != me.Family {
-		oe := where("check peer", fmt.Errorf("address families differ: %s here, %s at the peer", me.Family, peer.Family))
+		oe := x.where("check peer", fmt.Errorf("address families differ: %s here, %s at the peer", me.Family, peer.Family))
 		oe.Hint = "connect the TCP socket over the same family on both sides (its addresses pick the GIDs)"
 		return oe
 	}
+	return nil
+}
+
+// steps are the QP's modifies to RTS for this side and its checked peer:
+// the path MTU the smaller side's, the retry counts as configured (zero
+// included).
+func (x *exchange) steps(port verbs.PortAttr, me line, peer *line) ([]verbs.Step, error) {
+	o, path := x.o, x.path
+	rr, err := rdAtomic("ResponderResources", o.ResponderResources)
+	if err != nil {
+		return nil, x.where("check config", err)
+	}
+	id, err := rdAtomic("InitiatorDepth", o.InitiatorDepth)
+	if err != nil {
+		return nil, x.where("check config", err)
+	}
 	cp := verbs.QPSetup{Type: verbs.QPTypeRC, Port: uint8(path.Port),
 		Access: verbs.AccessLocalWrite | verbs.AccessRemoteWrite | verbs.AccessRemoteRead | verbs.AccessRemoteAtomic,
-		SQPSN:  me.PSN, Remote: verbs.Remote{QPN: peer.QPN, PSN: peer.PSN, GID: peer.GID, LID: peer.LID, ActiveMTU: peer.ActiveMTU},
+		SQPSN:  me.PSN, Remote: verbs.Remote{QPN: peer.QPN, PSN: peer.PSN, GID: peer.GID.As16(), LID: peer.LID},
 		PathAttr: verbs.PathAttr{Global: path.Kind == verbs.KindRoCE || path.GIDIndex >= 0, SGIDIndex: uint8(max(path.GIDIndex, 0)),
-			LocalActiveMTU: port.ActiveMTU, TrafficClass: o.TOS},
-		Timeout: o.ACKTimeout, RetryCount: x.retry, RNRRetry: x.rnrRetry,
-		MaxRdAtomic: 1, MaxDestRdAtomic: 1}
-	// The path MTU: the smallest of this port's, this netdev's room and the peer's.
-	mtu := port.ActiveMTU
-	for _, m := range []verbs.MTU{path.PathMTU, peer.ActiveMTU} {
-		if m.Valid() && m < mtu {
-			mtu = m
-		}
-	}
-	cp.PathAttr.MTU = mtu
+			MTU: min(me.MTU, peer.MTU), LocalActiveMTU: port.ActiveMTU, TrafficClass: o.TOS},
+		Timeout: o.ACKTimeout, MaxRdAtomic: id, MaxDestRdAtomic: rr}
 	steps, err := cp.Steps()
 	if err != nil {
-		return where("QP attributes", err)
+		return nil, x.where("QP attributes", err)
 	}
-	for _, s := range steps {
-		if o.BeforeModify != nil {
-			if err := o.BeforeModify(s.Transition, &s.Attr, &s.Mask); err != nil {
-				return where("modify QP "+s.Transition.String(), fmt.Errorf("BeforeModify: %w", err))
-			}
-		}
-		if err := res.QP.Modify(&s.Attr, s.Mask); err != nil {
-			return where("modify QP "+s.Transition.String(), err)
-		}
+	// Steps reads a zero count as its default; here zero is asked for.
+	rts := &steps[len(steps)-1]
+	rts.Attr.RetryCount, rts.Attr.RNRRetry = x.retry, x.rnrRetry
+	return steps, nil
+}
+
+// rdAtomic is a count of reads and atomics in flight: zero is 1.
+func rdAtomic(name string, v int) (uint8, error) {
+	switch {
+	case v == 0:
+		return 1, nil
+	case v < 0 || v > math.MaxUint8:
+		return 0, fmt.Errorf("%s is a count of 1 to 255 (zero for the default 1), got %d", name, v)
 	}
-	// Both QPs are at RTS before either side sends.
-	var ready string
-	if err := sayHear(tcp, r, "ready", &ready); err != nil {
-		return where("wait for the peer's RTS", err)
+	return uint8(v), nil
+}
+
+// tell says to the peer why this side failed, so that it need not wait
+// for the socket to close; what comes of the write does not matter.
+func (x *exchange) tell(tcp net.Conn, err error) {
+	reason := err.Error()
+	if len(reason) > maxReason {
+		reason = reason[:maxReason] + "…"
 	}
-	if ready != "ready" {
-		return where("wait for the peer's RTS", fmt.Errorf("the peer said %q, not \"ready\"", ready))
-	}
-	res.Reader = r
-	res.Local, res.Remote, res.Port = local, x.remote, path.Port
-	res.Kind, res.GIDIndex, res.GIDType = path.Kind, path.GIDIndex, path.GIDType
-	return nil
+	b, _ := json.Marshal(line{Version: version, Error: reason})
+	tcp.Write(append(b, '\n'))
 }
 
 func sayHear(tcp net.Conn, r *bufio.Reader, say, hear any) error {
@@ -396,7 +587,7 @@ func sayHear(tcp net.Conn, r *bufio.Reader, say, hear any) error {
 	go func() { _, err := tcp.Write(append(b, '\n')); errc <- err }()
 	// A line longer than the reader's buffer is not a peer of ours: read
 	// no more of it (ReadBytes would take a line without end whole).
-	line, rerr := r.ReadSlice('\n')
+	l, rerr := r.ReadSlice('\n')
 	if werr := <-errc; werr != nil {
 		return fmt.Errorf("writing to the peer: %w", werr)
 	}
@@ -406,7 +597,7 @@ func sayHear(tcp net.Conn, r *bufio.Reader, say, hear any) error {
 	if rerr != nil {
 		return fmt.Errorf("reading from the peer: %w", rerr)
 	}
-	if err := json.Unmarshal(line, hear); err != nil {
+	if err := json.Unmarshal(l, hear); err != nil {
 		return fmt.Errorf("the peer's QP data: %w", err)
 	}
 	return nil

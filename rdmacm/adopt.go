@@ -10,14 +10,25 @@ import (
 
 func init() {
 	cmbridge.AdoptRC = adoptRC
+	cmbridge.StartRC = func(c any, r *bufio.Reader) {
+		cc := c.(*Conn).conn
+		cc.tcpDone = make(chan struct{})
+		go cc.watchTCP(r)
+	}
+	cmbridge.AbortRC = func(c any) {
+		cc := c.(*Conn).conn
+		cc.keepTCP = true // the caller's again: Close ends the connection without it
+		cc.Close()
+	}
+	cmbridge.SetupOf = func(c any) any { return setup{c.(*Conn).conn} }
 	cmbridge.EndContext = func(c any) context.Context { return c.(*Conn).endContext() }
 }
 
 // adoptRC makes a Conn of an RC QP that package oob connected over a TCP
-// socket: the socket is its liveness signal, watched from now on.
+// socket: the socket is its liveness signal, watched once StartRC runs.
 func adoptRC(rc cmbridge.RC) any {
 	c := &conn{qp: rc.QP, scq: rc.SendCQ, rcq: rc.RecvCQ, pd: rc.PD, dev: rc.Dev,
-		done: make(chan struct{}), tcp: rc.TCP, tcpDone: make(chan struct{})}
+		done: make(chan struct{}), tcp: rc.TCP}
 	c.opts.Cap = rc.Cap
 	c.opts.CloseTimeout = defaultStepTimeout
 	if rc.SharedSendCQ {
@@ -34,7 +45,6 @@ func adoptRC(rc cmbridge.RC) any {
 	if a, err := c.qp.Query(verbs.AttrPathMTU); err == nil {
 		c.path.MTU = a.PathMTU
 	}
-	go c.watchTCP(rc.Reader)
 	return &Conn{c}
 }
 

@@ -93,6 +93,7 @@ type conn struct {
 	// oob: the socket the QP data crossed, kept as liveness signal.
 	tcp     net.Conn
 	tcpDone chan struct{}
+	keepTCP bool // a failed oob exchange: the socket goes back to its caller
 
 	done     chan struct{}
 	doneOnce sync.Once
@@ -447,7 +448,9 @@ func (c *conn) sendDisconnect() error {
 func (c *conn) disconnect(ctx context.Context) error {
 	if c.tcp != nil {
 		c.end(ErrClosed, nil) // before the watcher sees its own close as the peer's
-		c.tcp.Close()
+		if !c.keepTCP {
+			c.tcp.Close()
+		}
 		if c.tcpDone != nil { // nil when the watcher never started
 			<-c.tcpDone
 		}

@@ -6,6 +6,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"net"
 	"testing"
 	"time"
@@ -153,4 +154,125 @@ func TestOOBConnectCancelled(t *testing.T) {
 	line, err := bufio.NewReader(a).ReadString('\n')
 	require.NoError(t, err, "the socket kept the exchange's deadline")
 	assert.Equal(t, "fallback\n", line)
+}
+
+// connectBoth runs oob.Connect at both ends of a fresh TCP pair to d, each
+// with its own config, and returns both results; the sockets are closed
+// at the test's end.
+func connectBoth(t *testing.T, d device, client, server *oob.Config) (c, s *oob.Conn, cerr, serr error) {
+	t.Helper()
+	ctx := ctxFor(t, 20*time.Second)
+	a, b := tcpPair(t, d)
+	t.Cleanup(func() { a.Close(); b.Close() })
+	type result struct {
+		c   *oob.Conn
+		err error
+	}
+	served := make(chan result, 1)
+	go func() {
+		c, err := oob.Connect(ctx, b, server)
+		served <- result{c, err}
+	}()
+	c, cerr = oob.Connect(ctx, a, client)
+	r := <-served
+	return c, r.c, cerr, r.err
+}
+
+// BeforeConnect runs at RTS and before the peer hears this side is ready,
+// so that receives posted there are in place for the peer's first SEND:
+// the dialer sends the moment its Connect returns, with no RNR retries
+// to cover a receive posted late.
+func TestOOBBeforeConnectPostsReceivesInTime(t *testing.T) {
+	checkNoLeaks(t)
+	var mr *verbs.MR
+	server := &oob.Config{RNRRetryCount: -1, BeforeConnect: func(s rdmacm.Setup) error {
+		var err error
+		if mr, err = s.RegisterMemory(4096, verbs.AccessLocalWrite); err != nil {
+			return err
+		}
+		assert.Equal(t, verbs.QPStateRTS, s.QP().State())
+		return s.PostRecv(mr, 0, 4096)
+	}}
+	c, s, cerr, serr := connectBoth(t, rxe(t), &oob.Config{RNRRetryCount: -1}, server)
+	require.NoError(t, cerr)
+	require.NoError(t, serr)
+	defer c.Close()
+	defer s.Close()
+	ctx := ctxFor(t, 10*time.Second)
+	cmr, err := c.RegisterMemory(64, verbs.AccessLocalWrite)
+	require.NoError(t, err)
+	copy(cmr.Bytes(), "first")
+	require.NoError(t, c.Send(ctx, cmr, 0, 5), "the receive was posted before the dialer could send")
+	time.Sleep(100 * time.Millisecond) // the server takes its time; the message waits in the receive
+	wc, err := s.Recv(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, "first", string(mr.Bytes()[:wc.ByteLen]))
+
+	// RNRRetryCount -1 is none on the QP: a SEND that finds no receive
+	// fails at once, where 7 (what it used to become) retries forever.
+	err = c.Send(ctx, cmr, 0, 5)
+	assert.ErrorContains(t, err, "RNR_RETRY_EXC_ERR")
+}
+
+// A side that fails after the exchange began tells the other why: the
+// other's Connect fails at once with that reason (not when the socket
+// closes), both release what they made, and the failing side's socket is
+// left to its caller.
+func TestOOBPeerFailureIsTold(t *testing.T) {
+	checkNoLeaks(t)
+	failing := &oob.Config{BeforeConnect: func(s rdmacm.Setup) error {
+		if _, err := s.RegisterMemory(4096, verbs.AccessLocalWrite); err != nil {
+			return err
+		}
+		return errors.New("no buffers for this peer")
+	}}
+	start := time.Now()
+	_, _, cerr, serr := connectBoth(t, rxe(t), nil, failing)
+	assert.ErrorContains(t, serr, "BeforeConnect")
+	assert.ErrorContains(t, serr, "no buffers for this peer")
+	assert.ErrorIs(t, cerr, oob.ErrPeerFailed)
+	assert.ErrorContains(t, cerr, "no buffers for this peer")
+	assert.Less(t, time.Since(start), 5*time.Second)
+
+	// A QP data line the peer cannot use: the sender of it hears why.
+	a, b := tcpPair(t, rxe(t))
+	defer a.Close()
+	defer b.Close()
+	heard := make(chan string, 1)
+	go func() {
+		r := bufio.NewReader(b)
+		line, err := r.ReadBytes('\n')
+		if err != nil {
+			heard <- err.Error()
+			return
+		}
+		var announced map[string]any
+		json.Unmarshal(line, &announced)
+		announced["qpn"] = 1
+		out, _ := json.Marshal(announced)
+		b.Write(append(out, '\n'))
+		told, _ := r.ReadString('\n')
+		heard <- told
+	}()
+	_, err := oob.Connect(ctxFor(t, 10*time.Second), a, nil)
+	assert.ErrorContains(t, err, "the peer sent QP number 0x1")
+	assert.Contains(t, <-heard, "the peer sent QP number 0x1")
+	// The socket still works for the caller.
+	_, err = a.Write([]byte("x"))
+	assert.NoError(t, err)
+}
+
+// A peer that accepted the TCP connection but never runs its side ends
+// Connect after Config.Timeout, even with a context without a deadline.
+func TestOOBConnectTimeout(t *testing.T) {
+	checkNoLeaks(t)
+	a, b := tcpPair(t, rxe(t))
+	defer a.Close()
+	defer b.Close()
+	start := time.Now()
+	_, err := oob.Connect(context.Background(), a, &oob.Config{Timeout: 500 * time.Millisecond})
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
+	assert.ErrorIs(t, err, rdmacm.ErrTimeout)
+	assert.ErrorContains(t, err, "Connect took longer than Config.Timeout (500ms)")
+	assert.Less(t, time.Since(start), 5*time.Second)
 }

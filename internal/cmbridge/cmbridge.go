@@ -35,14 +35,27 @@ type RC struct {
 	GIDType       verbs.GIDType
 
 	// TCP is the socket the QP data crossed, kept as the connection's
-	// liveness signal; Reader reads it past the exchange.
-	TCP    net.Conn
-	Reader *bufio.Reader
+	// liveness signal.
+	TCP net.Conn
 }
 
 // AdoptRC makes a *rdmacm.Conn of rc, which from then on owns its objects
-// and the socket.
+// and the socket. It does not watch the socket yet: StartRC starts that,
+// once the exchange on it is over, or AbortRC releases the objects and
+// leaves the socket to the caller.
 var AdoptRC func(rc RC) any
+
+// StartRC watches the socket of an adopted connection (conn, a
+// *rdmacm.Conn), read through r from now on: its close is the
+// connection's end.
+var StartRC func(conn any, r *bufio.Reader)
+
+// AbortRC closes an adopted connection that StartRC never started,
+// releasing its objects and the memory it registered, but not its socket.
+var AbortRC func(conn any)
+
+// SetupOf is an adopted connection's rdmacm.Setup, for a BeforeConnect.
+var SetupOf func(conn any) any
 
 // EndContext returns a context that the end of conn (a *rdmacm.Conn)
 // cancels: when its Done is closed, with its Err set. A wait that merges
