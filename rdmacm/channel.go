@@ -84,6 +84,10 @@ type cmaSource struct {
 	// cmtime, as most wake-ups find one event, and the read that then
 	// finds none is paid twice (in the batch, and again before the next
 	// wait: Go's poller forgets a readiness it saw before a wait began).
+	// One at a time is also what routes a request's later events: its new
+	// id carries the listener's token until the request's handling in Go
+	// gives it its own, so an event for it read in the same crossing
+	// would go to the listener. A larger batch must end at a request.
 	batch   [1]cma.Event
 	next, n int
 	fill    func() bool // fills batch; made once, not per wait

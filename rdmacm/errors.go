@@ -3,6 +3,7 @@ package rdmacm
 import (
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"strings"
 	"syscall"
@@ -37,14 +38,27 @@ var (
 	// ErrSharedCQ: a Conn helper that waits for its own completions was
 	// called on a connection whose CQ is ConnConfig.SendCQ or RecvCQ.
 	ErrSharedCQ = errors.New("the connection's CQ is shared")
-	// ErrClosed: the Conn or Listener was closed.
-	ErrClosed = errors.New("use of closed RDMA connection or listener")
+	// ErrClosed: the Conn or Listener was closed. It also matches
+	// net.ErrClosed, as package net's errors do.
+	ErrClosed error = &alsoNetClosed{errors.New("use of closed RDMA connection or listener")}
+	// ErrNoResources: this host could not make a connection's CQ, QP or
+	// PD (out of memory, descriptors, locked memory or the provider's
+	// queue mappings): every connection fails alike until some are closed
+	// or a limit is raised. The errno is wrapped too.
+	ErrNoResources = errors.New("out of local resources")
 	// ErrEventChannel: the process's rdma_cm event channel failed, so no
 	// CM event can arrive; ids made afterwards use a new channel.
 	ErrEventChannel = errors.New("rdma_cm event channel failed")
 	// ErrNoCgo: the binary was built without cgo, so librdmacm is unavailable.
 	ErrNoCgo = errors.New("rdmacm: built without cgo; librdmacm needs cgo")
 )
+
+// alsoNetClosed is ErrClosed: matched by errors.Is(err, net.ErrClosed),
+// which is how code written for package net's connections tells a
+// close from a failure.
+type alsoNetClosed struct{ error }
+
+func (e *alsoNetClosed) Is(target error) bool { return target == net.ErrClosed }
 
 // OpError describes a failed step of a connection: which step, between which
 // addresses, on which device, the CM event and status that ended it, and

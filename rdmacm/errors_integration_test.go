@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os/exec"
 	"syscall"
 	"testing"
@@ -398,5 +399,10 @@ func TestFullBacklogAndClosingListenerRefuseWithAReason(t *testing.T) {
 		require.ErrorAs(t, err, &rej)
 		assert.Equal(t, rdmacm.RefusalListenerClosed, rej.Refusal)
 		assert.Contains(t, err.Error(), "listener closed before taking the request")
+
+		// Code written for package net tells a close by net.ErrClosed.
+		_, err = l.Accept(ctx)
+		assert.ErrorIs(t, err, rdmacm.ErrClosed)
+		assert.ErrorIs(t, err, net.ErrClosed)
 	})
 }

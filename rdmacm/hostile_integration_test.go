@@ -511,6 +511,12 @@ func TestHostileFlood(t *testing.T) {
 				require.Error(t, err)
 				assert.NotErrorIs(t, err, context.DeadlineExceeded, "a queued request of a dialer that gave up")
 				assert.Less(t, time.Since(start), 2*time.Second)
+				// The error is that request's, and says what happened.
+				assert.ErrorIs(t, err, rdmacm.ErrConnect)
+				assert.ErrorContains(t, err, "the dialer gave up on the request")
+				var oe *rdmacm.OpError
+				require.ErrorAs(t, err, &oe)
+				assert.True(t, oe.Remote.IsValid(), "it names the dialer: the listener goes on")
 			}
 		}
 		closeAll()

@@ -16,13 +16,20 @@ import (
 // listener is what Listener and UDListener are made of: a listening CM
 // id and the requests it has queued.
 type listener struct {
-	opts settings
-	id   *ID
-	addr netip.AddrPort
-	reqs chan *request
+	opts   settings
+	id     *ID
+	addr   netip.AddrPort
+	device string // when bound to one
+	reqs   chan *request
 
 	closeOnce sync.Once
 	closed    chan struct{}
+
+	// broken is closed when the listener can take no more requests
+	// (its device was removed); brokenErr says why.
+	breakOnce sync.Once
+	broken    chan struct{}
+	brokenErr error
 }
 
 // Listener takes requests for reliable connections on an address and
@@ -104,22 +111,6 @@ func (lc *ListenConfig) listen(ctx context.Context, t verbs.QPType, address stri
 		}
 		return fail(oe)
 	}
-	// The kernel's backlog counts only the requests our dispatcher has not
-	// read yet; ListenConfig.Backlog is enforced on the queue behind it,
-	// where a refusal can say why. A small Backlog must not let the kernel
-	// refuse, without a reason, a request that arrives just after another.
-	if err := id.Listen(max(o.Backlog, defaultBacklog)); err != nil {
-		oe := e.fail("listen", nil, err)
-		if errors.Is(err, syscall.EADDRINUSE) {
-			// Past the bind: another ReuseAddr id bound the port and
-			// listened first, or a wildcard listen hit the siw collision
-			// (see the package docs on iWARP).
-			oe.Hint = "another id with ReuseAddr listened on this port first; or, on a wildcard address, siw devices whose netdevs" +
-				" have the same ifindex (in different network namespaces) collide: listen on a specific address"
-		}
-		return fail(oe)
-	}
-	l := &listener{opts: o, id: id, addr: id.LocalAddr(), reqs: make(chan *request, o.Backlog), closed: make(chan struct{})}
 	cm := cmUnknown
 	if e.id.DeviceName() != "" {
 		// Bound to one device: refuse now what it cannot do.
@@ -141,6 +132,23 @@ func (lc *ListenConfig) listen(ctx context.Context, t verbs.QPType, address stri
 		oe.Hint = "ListenConfig.PrivateData is what Listener.Accept sends with every accept: shorten it"
 		return fail(oe)
 	}
+	// The kernel's backlog counts only the requests our dispatcher has not
+	// read yet; ListenConfig.Backlog is enforced on the queue behind it,
+	// where a refusal can say why. A small Backlog must not let the kernel
+	// refuse, without a reason, a request that arrives just after another.
+	if err := id.Listen(max(o.Backlog, defaultBacklog)); err != nil {
+		oe := e.fail("listen", nil, err)
+		if errors.Is(err, syscall.EADDRINUSE) {
+			// Past the bind: another ReuseAddr id bound the port and
+			// listened first, or a wildcard listen hit the siw collision
+			// (see the package docs on iWARP).
+			oe.Hint = "another id with ReuseAddr listened on this port first; or, on a wildcard address, siw devices whose netdevs" +
+				" have the same ifindex (in different network namespaces) collide: listen on a specific address"
+		}
+		return fail(oe)
+	}
+	l := &listener{opts: o, id: id, addr: id.LocalAddr(), device: id.DeviceName(), reqs: make(chan *request, o.Backlog),
+		closed: make(chan struct{}), broken: make(chan struct{})}
 	id.setHandler(l.onEvent)
 	return l, nil
 }
@@ -149,8 +157,20 @@ func (lc *ListenConfig) listen(ctx context.Context, t verbs.QPType, address stri
 func (l *listener) Addr() netip.AddrPort { return l.addr }
 
 func (l *listener) onEvent(ev *Event) {
+	if ev.Type == EventDeviceRemoval {
+		// A listener bound to the device: no request comes any more, and
+		// its id holds the device until it is closed, which only the
+		// caller can do. Its waits end, saying so.
+		l.breakOnce.Do(func() {
+			l.brokenErr = &OpError{Op: "accept", Local: l.addr, Device: l.device, Kind: ErrDeviceRemoved,
+				Err:  errors.New("the listener's RDMA device was removed"),
+				Hint: "close this listener (its CM id holds the device until then) and listen again once the device is back"}
+			close(l.broken)
+		})
+		return
+	}
 	if ev.Type != EventConnectRequest || ev.ID == nil {
-		return // DEVICE_REMOVAL or ADDR_CHANGE on a bound listener: requests simply stop
+		return // ADDR_CHANGE on a bound listener: it still listens
 	}
 	iwarp := false
 	if dev, err := ev.ID.Device(); err == nil {
@@ -175,11 +195,27 @@ func (l *listener) next(ctx context.Context) (*request, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, &OpError{Op: "accept", Local: l.addr, Err: err}
 	}
+	// Nor does a closed or broken listener (Close refuses what is queued).
+	select {
+	case <-l.closed:
+		return nil, &OpError{Op: "accept", Local: l.addr, Err: ErrClosed}
+	case <-l.broken:
+		return nil, l.brokenErr
+	default:
+	}
 	select {
 	case r := <-l.reqs:
+		select {
+		case <-l.closed: // Close ran meanwhile: the request is refused as it would have been
+			r.refuse(RefusalListenerClosed)
+			return nil, &OpError{Op: "accept", Local: l.addr, Err: ErrClosed}
+		default:
+		}
 		return r, nil
 	case <-l.closed:
 		return nil, &OpError{Op: "accept", Local: l.addr, Err: ErrClosed}
+	case <-l.broken:
+		return nil, l.brokenErr
 	case <-l.id.ch.failed:
 		return nil, &OpError{Op: "accept", Local: l.addr, Err: l.id.ch.failure()}
 	case <-ctx.Done():
@@ -219,7 +255,11 @@ func (l *Listener) Request(ctx context.Context) (*ConnRequest, error) {
 // Accept waits for the next connect request and accepts it with the
 // ListenConfig's PrivateData. A request that fails during the handshake
 // is returned as an error (and rejected, if it was not); the listener
-// keeps listening.
+// keeps listening. Such an error names the dialer (OpError.Remote is
+// set), where one that ends the listener (closed, its device removed,
+// the event channel failed) does not. The handshake runs in the call: a
+// server that must not wait on one slow dialer takes requests with
+// Request and accepts each on a goroutine of its own.
 func (l *Listener) Accept(ctx context.Context) (*Conn, error) {
 	c, err := l.acceptNext(ctx)
 	if err != nil {
@@ -248,11 +288,15 @@ func (l *UDListener) Accept(ctx context.Context) (*UDConn, error) {
 	return &UDConn{c}, nil
 }
 
-// Close stops listening and refuses requests not yet accepted.
+// Close stops listening and refuses the requests queued, not yet taken
+// by Request or Accept. A request that Request returned is the caller's
+// to Accept or Reject, after Close too: until then it holds its CM id and
+// its dialer waits.
 func (l *listener) Close() error {
+	var err error
 	l.closeOnce.Do(func() {
 		close(l.closed)
-		l.id.Close()
+		err = l.id.Close()
 		for {
 			select {
 			case r := <-l.reqs:
@@ -262,7 +306,7 @@ func (l *listener) Close() error {
 			}
 		}
 	})
-	return nil
+	return err
 }
 
 // request is a connect request waiting for an answer: what ConnRequest
@@ -464,12 +508,12 @@ func (e *endpoint) accept(ctx context.Context, r *request, privateData []byte) (
 
 	// The dialer may have given up while the request waited.
 	if ev := e.id.poll(); ev != nil {
-		return nil, e.failEvent("accept", peerGone(ev.Type), ev)
+		return nil, e.dialerGone(ev, false)
 	}
 	if err := e.prepare(); err != nil {
 		e.id.reject(nil)
 		if ev := e.id.poll(); ev != nil { // the reason the CM refused
-			return nil, e.failEvent("accept", peerGone(ev.Type), ev)
+			return nil, e.dialerGone(ev, false)
 		}
 		var oe *OpError
 		if errors.As(err, &oe) && errors.Is(err, syscall.EINVAL) {
@@ -516,7 +560,14 @@ func (e *endpoint) accept(ctx context.Context, r *request, privateData []byte) (
 	data := encodePrivateData(o.RawPrivateData, e.localMTU(), privateData)
 	start := time.Now()
 	if err := e.id.connectOrAccept(true, p, data); err != nil {
-		return nil, e.fail("accept", ErrConnect, err)
+		if ev := e.id.poll(); ev != nil { // the dialer's end came first
+			return nil, e.dialerGone(ev, false)
+		}
+		oe := e.fail("accept", ErrConnect, err)
+		if errors.Is(err, syscall.EINVAL) {
+			oe.Hint = "the CM no longer takes this request: the dialer probably gave up (cancelled or timed out) while it waited"
+		}
+		return nil, oe
 	}
 	if o.QPType == verbs.QPTypeUD {
 		o.trace(StepConnect, start)
@@ -533,11 +584,28 @@ func (e *endpoint) accept(ctx context.Context, r *request, privateData []byte) (
 	case EventUnreachable:
 		return nil, e.failEvent("accept", ErrUnreachable, ev)
 	case EventRejected:
-		oe := e.failEvent("accept", nil, ev)
-		oe.Err = &RejectedError{Status: ev.Status}
-		return nil, oe
+		return nil, e.dialerGone(ev, true)
 	}
 	return nil, e.failEvent("accept", peerGone(ev.Type), ev)
+}
+
+// dialerGone is an accept that the dialer's end overtook: a REJECTED
+// (the dialer gave up, or refused this side's reply) or another event
+// that ends the request. It is that request's failure (ErrConnect, or
+// what ended it), and the listener goes on.
+func (e *endpoint) dialerGone(ev *Event, accepted bool) *OpError {
+	if ev.Type != EventRejected {
+		return e.failEvent("accept", peerGone(ev.Type), ev)
+	}
+	oe := e.failEvent("accept", ErrConnect, ev)
+	oe.Err = &RejectedError{Status: ev.Status}
+	oe.Hint = "the dialer gave up on the request (cancelled, timed out or closed) while it waited here: " +
+		"accept sooner, or lower ListenConfig.Backlog so that dialers are refused rather than kept waiting"
+	if accepted {
+		oe.Hint = "the dialer refused this side's accept: it gave up meanwhile, or could not take the reply " +
+			"(its QP could not be moved with the attributes the reply carried)"
+	}
+	return oe
 }
 
 func peerGone(t EventType) error {

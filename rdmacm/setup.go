@@ -258,7 +258,7 @@ func (e *endpoint) prepare() error {
 	if o.PD != nil {
 		e.res.pd, e.res.sharedPD = o.PD, true
 	} else if e.res.pd, err = dev.AllocPD(); err != nil {
-		return e.fail("allocate PD", nil, err)
+		return e.resourceError("allocate PD", err)
 	}
 	if err := e.res.makeCQs(o, dev); err != nil {
 		return e.resourceError("create CQ", err)
@@ -373,20 +373,25 @@ func (s sharedObject) mismatch(dev string, ctx uintptr) (why, hint string) {
 	return "", ""
 }
 
-// resourceError explains a failed CQ or QP creation where the cause is known.
+// resourceError explains a failed CQ or QP creation where the cause is
+// known, and marks one that every connection would meet with
+// ErrNoResources.
 func (e *endpoint) resourceError(step string, err error) error {
 	oe := e.fail(step, nil, err)
 	switch {
 	case e.iwarp && errors.Is(err, syscall.EIO) && strings.HasPrefix(e.res.dev.Info.Name, "siw"):
+		oe.Kind = ErrNoResources
 		oe.Hint = "siw: this process's device context has used up its queue mappings: rdma-core 44's libsiw " +
 			"takes the kernel's mmap offset 0x90000 for SIW_INVAL_UOBJ_KEY, so about 143 pages of CQs and " +
 			"QP queues fit in one process: some 35 connection ends with two CQs each, about 70 sharing their CQs " +
 			"(ConnConfig.SendCQ and RecvCQ)"
-	case errors.Is(err, syscall.EMFILE):
+	case errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE):
+		oe.Kind = ErrNoResources
 		oe.Hint = "out of file descriptors: each connection holds two (its CQs' completion channels) and, once it waits, " +
 			"two more (their registrations with Go's poller); " +
 			"raise the limit (ulimit -n, or RLIMIT_NOFILE)"
 	case errors.Is(err, syscall.ENOMEM) || errors.Is(err, syscall.ENOSPC):
+		oe.Kind = ErrNoResources
 		oe.Hint = "the device, or the locked-memory limit (ulimit -l), has no room for another queue"
 	}
 	return oe

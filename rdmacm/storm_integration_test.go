@@ -135,6 +135,7 @@ func checkClear(t *testing.T, err error, addr string) string {
 	assert.NotContains(t, err.Error(), "not permitted")
 	if errors.Is(err, syscall.EIO) {
 		assert.Contains(t, err.Error(), "queue mappings", "the hint says why siw ran out")
+		assert.ErrorIs(t, err, rdmacm.ErrNoResources, "a server loop can tell it from a dialer's failure")
 	}
 	k := kindOf(err)
 	if k == "" {

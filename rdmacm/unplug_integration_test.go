@@ -3,6 +3,7 @@
 package rdmacm_test
 
 import (
+	"context"
 	"errors"
 	"os/exec"
 	"testing"
@@ -35,6 +36,17 @@ func TestDeviceRemoval(t *testing.T) {
 	client, server := pair(t, d, rdmacm.ConnConfig{})
 	assert.Equal(t, "rxegone", client.Route().Device)
 
+	// A listener bound to the device, waiting in Accept: the removal
+	// ends the wait (before, nothing did, and http.Serve on it hung).
+	var lc rdmacm.ListenConfig
+	l, err := lc.Listen(ctxFor(t, 10*time.Second), "10.70.0.1:0")
+	require.NoError(t, err)
+	accepted := make(chan error, 1)
+	go func() {
+		_, err := l.Accept(context.Background())
+		accepted <- err
+	}()
+
 	deleted := make(chan error, 1)
 	go func() {
 		out, err := exec.Command("rdma", "link", "delete", "rxegone").CombinedOutput()
@@ -58,6 +70,17 @@ func TestDeviceRemoval(t *testing.T) {
 		}
 	}
 	assert.NotZero(t, removed, "at least one end heard DEVICE_REMOVAL")
+	select {
+	case err := <-accepted:
+		assert.ErrorIs(t, err, rdmacm.ErrDeviceRemoved)
+		assert.ErrorContains(t, err, "close this listener")
+		t.Log(err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("Accept on the removed device's listener still waits 10 s later")
+	}
+	_, err = l.Accept(context.Background())
+	assert.ErrorIs(t, err, rdmacm.ErrDeviceRemoved, "and so does every later one")
+	require.NoError(t, l.Close())
 	require.NoError(t, client.Close())
 	require.NoError(t, server.Close())
 	assert.Equal(t, before, kernelObjects(t), "nothing of the removed device's connections is left")

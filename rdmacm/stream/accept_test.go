@@ -29,6 +29,8 @@ func TestAcceptReturnsOnlyLocalExhaustion(t *testing.T) {
 	for _, err := range []error{
 		&msg.OpError{Op: "accept", Remote: from, Err: fmt.Errorf("register 37 receive buffers: %w", syscall.ENOMEM)},
 		&msg.OpError{Op: "accept", Remote: from, Err: syscall.EMFILE},
+		// siw's queue mappings used up: an EIO, which rdmacm marks.
+		&msg.OpError{Op: "accept", Remote: from, Err: &rdmacm.OpError{Op: "create CQ", Kind: rdmacm.ErrNoResources, Err: syscall.EIO}},
 	} {
 		assert.True(t, outOfResources(err), "%v", err)
 	}

@@ -412,6 +412,9 @@ func (l *Listener) Accept() (net.Conn, error) {
 // outOfResources reports whether err is this host running out of
 // something every connection needs.
 func outOfResources(err error) bool {
+	if errors.Is(err, rdmacm.ErrNoResources) {
+		return true
+	}
 	for _, errno := range []syscall.Errno{syscall.ENOMEM, syscall.EMFILE, syscall.ENFILE, syscall.ENOSPC, syscall.ENOBUFS} {
 		if errors.Is(err, errno) {
 			return true
