@@ -14,8 +14,10 @@ import (
 
 // PD is a protection domain (struct ibv_pd).
 type PD struct {
-	dev     *Device
-	closeMu sync.Mutex // Close against Close (rdmacm's and the caller's)
+	dev *Device
+	// closeMu is held for writing by Close, for reading by the calls that
+	// make objects in the PD, so that it is not freed under them.
+	closeMu sync.RWMutex
 	pd      *ibv.PD
 }
 
@@ -75,6 +77,8 @@ func (p *PD) RegisterMemory(size int, access AccessFlags) (*MR, error) {
 	if size <= 0 {
 		return nil, &OpError{Op: "register memory", Device: p.dev.Info.Name, Err: syscall.EINVAL, Hint: "size must be positive"}
 	}
+	p.closeMu.RLock()
+	defer p.closeMu.RUnlock()
 	if p.pd == nil {
 		return nil, &OpError{Op: "register memory", Device: p.dev.Info.Name, Err: syscall.EBADF, Hint: "the PD is closed"}
 	}
@@ -138,8 +142,10 @@ func (m *MR) Close() error {
 
 // AH is an address handle for UD sends (struct ibv_ah).
 type AH struct {
-	pd      *PD
-	closeMu sync.Mutex // Close against Close
+	pd *PD
+	// closeMu is held for writing by Close, for reading by a post that
+	// names the AH, so that it is not destroyed under the post.
+	closeMu sync.RWMutex
 	ah      *ibv.AH
 }
 
@@ -147,6 +153,8 @@ type AH struct {
 // destination MAC here (by route and neighbour lookup from the source GID's
 // netdev).
 func (p *PD) CreateAH(attr AHAttr) (*AH, error) {
+	p.closeMu.RLock()
+	defer p.closeMu.RUnlock()
 	if p.pd == nil {
 		return nil, &OpError{Op: "create AH", Device: p.dev.Info.Name, Err: syscall.EBADF, Hint: "the PD is closed"}
 	}

@@ -3,8 +3,10 @@
 package verbs_test
 
 import (
+	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -137,4 +139,50 @@ func TestDeviceCloseRefusedWhileInUse(t *testing.T) {
 	require.NoError(t, pd.Close())
 	require.NoError(t, dev.Close())
 	require.NoError(t, dev.Close())
+}
+
+// A PD closed while other goroutines register memory in it is never freed
+// under a registration: each one either finishes first (and the close
+// waits for its MR to go) or is refused, saying the PD is closed.
+func TestPDCloseAgainstRegistration(t *testing.T) {
+	checkNoLeaks(t)
+	rxe := testbed.Require(t).MustDevice(t, "rxe0")
+	dev, err := verbs.Open(rxe.Name)
+	require.NoError(t, err)
+	defer dev.Close()
+	pd, err := dev.AllocPD()
+	require.NoError(t, err)
+	var wg sync.WaitGroup
+	errs := make(chan error, 4)
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				mr, err := pd.RegisterMemory(4096, verbs.AccessLocalWrite)
+				if err != nil {
+					errs <- err
+					return
+				}
+				if err := mr.Close(); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	time.Sleep(20 * time.Millisecond)
+	for {
+		err := pd.Close()
+		if err == nil {
+			break
+		}
+		require.ErrorIs(t, err, syscall.EBUSY, "only its MRs of the moment keep it")
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		assert.ErrorIs(t, err, syscall.EBADF)
+		assert.ErrorContains(t, err, "the PD is closed")
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -33,6 +34,8 @@ func (p *PD) CreateQP(init QPInit) (*QP, error) {
 	if init.SendCQ == nil || init.RecvCQ == nil {
 		return nil, &OpError{Op: "ibv_create_qp", Device: p.dev.Info.Name, Err: syscall.EINVAL, Hint: "SendCQ and RecvCQ are required"}
 	}
+	p.closeMu.RLock()
+	defer p.closeMu.RUnlock()
 	scq, rcq := init.SendCQ.handle(), init.RecvCQ.handle()
 	if scq == nil || rcq == nil || p.pd == nil {
 		return nil, &OpError{Op: "ibv_create_qp", Device: p.dev.Info.Name, Err: syscall.EBADF, Hint: "the PD or a CQ is closed"}
@@ -203,6 +206,32 @@ func (q *QP) PostSend(wrs ...SendWR) error {
 	if len(wrs) == 0 {
 		return nil
 	}
+	for i := range wrs {
+		if wrs[i].AH != nil {
+			return q.postSendHoldingAHs(wrs)
+		}
+	}
+	return q.postSend(wrs)
+}
+
+// postSendHoldingAHs posts with the AHs the requests name held against
+// their Close, which would free them under the provider's read.
+func (q *QP) postSendHoldingAHs(wrs []SendWR) error {
+	var held []*AH
+	for i := range wrs {
+		if a := wrs[i].AH; a != nil && !slices.Contains(held, a) {
+			a.closeMu.RLock() // once per AH: a second RLock could wait behind a Close
+			held = append(held, a)
+		}
+	}
+	err := q.postSend(wrs)
+	for _, a := range held {
+		a.closeMu.RUnlock()
+	}
+	return err
+}
+
+func (q *QP) postSend(wrs []SendWR) error {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if err := q.closedError("ibv_post_send"); err != nil {
