@@ -72,6 +72,9 @@ func (d *Device) CreateCQ(entries int) (*CQ, error) {
 		e := &OpError{Op: op, Device: d.Info.Name, Err: noCgo(err)}
 		if op == "ibv_create_cq" {
 			e.Detail = fmt.Sprintf("%d entries", entries)
+			if a, qerr := d.Query(); qerr == nil && entries > a.MaxCQE {
+				e.Hint = fmt.Sprintf("the device holds at most %d entries per CQ (MaxCQE)", a.MaxCQE)
+			}
 		}
 		return nil, e
 	}

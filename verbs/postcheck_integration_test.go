@@ -3,6 +3,7 @@
 package verbs_test
 
 import (
+	"fmt"
 	"sync"
 	"syscall"
 	"testing"
@@ -185,4 +186,25 @@ func TestPDCloseAgainstRegistration(t *testing.T) {
 		assert.ErrorIs(t, err, syscall.EBADF)
 		assert.ErrorContains(t, err, "the PD is closed")
 	}
+}
+
+// Sizes above the device's limits, which the driver refuses with a bare
+// EINVAL, are named with the limit.
+func TestSizesAboveTheDeviceSayWhich(t *testing.T) {
+	checkNoLeaks(t)
+	dev, pd, _, _, _ := openRXE(t)
+	attr, err := dev.Query()
+	require.NoError(t, err)
+	_, err = dev.CreateCQ(attr.MaxCQE + 1)
+	assert.ErrorIs(t, err, syscall.EINVAL)
+	assert.ErrorContains(t, err, fmt.Sprintf("the device holds at most %d entries per CQ", attr.MaxCQE))
+
+	cq, err := dev.CreateCQ(16)
+	require.NoError(t, err)
+	defer cq.Close()
+	_, err = pd.CreateQP(verbs.QPInit{Type: verbs.QPTypeRC, SendCQ: cq, RecvCQ: cq,
+		Cap: verbs.QPCap{MaxSendWR: uint32(attr.MaxQPWR) + 1, MaxRecvWR: 4, MaxSendSGE: 1, MaxRecvSGE: uint32(attr.MaxSGE) + 1}})
+	assert.ErrorIs(t, err, syscall.EINVAL)
+	assert.ErrorContains(t, err, fmt.Sprintf("Cap.MaxSendWR %d is above the device's %d", attr.MaxQPWR+1, attr.MaxQPWR))
+	assert.ErrorContains(t, err, fmt.Sprintf("Cap.MaxRecvSGE %d is above the device's %d", attr.MaxSGE+1, attr.MaxSGE))
 }

@@ -45,10 +45,37 @@ func (p *PD) CreateQP(init QPInit) (*QP, error) {
 		e := &OpError{Op: "ibv_create_qp", Device: p.dev.Info.Name, Detail: fmt.Sprintf("%v %+v", init.Type, init.Cap), Err: err}
 		if p.dev.Info.Transport == TransportIWARP && init.Type != QPTypeRC {
 			e.Hint = "iWARP supports RC QPs only"
+		} else if errors.Is(err, syscall.EINVAL) {
+			e.Hint = capOverLimit(p.dev, init.Cap)
 		}
 		return nil, e
 	}
 	return &QP{Type: init.Type, QPN: qp.Num(), pd: p, qp: qp, state: QPStateReset}, nil
+}
+
+// capOverLimit names the sizes of cap above the device's limits, for the
+// hint of a QP the driver refused with EINVAL.
+func capOverLimit(d *Device, cap QPCap) string {
+	a, err := d.Query()
+	if err != nil {
+		return ""
+	}
+	var over []string
+	for _, c := range []struct {
+		name     string
+		v, limit int
+	}{
+		{"MaxSendWR", int(cap.MaxSendWR), a.MaxQPWR}, {"MaxRecvWR", int(cap.MaxRecvWR), a.MaxQPWR},
+		{"MaxSendSGE", int(cap.MaxSendSGE), a.MaxSGE}, {"MaxRecvSGE", int(cap.MaxRecvSGE), a.MaxSGE},
+	} {
+		if c.v > c.limit {
+			over = append(over, fmt.Sprintf("Cap.%s %d is above the device's %d", c.name, c.v, c.limit))
+		}
+	}
+	if len(over) == 0 {
+		return "a size of Cap (MaxInlineData included) is more than the device takes: see Device.Query"
+	}
+	return strings.Join(over, "; ")
 }
 
 func (c *CQ) handle() *ibv.CQ {
