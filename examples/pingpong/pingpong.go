@@ -131,17 +131,26 @@ func loopback(ctx context.Context, c config, address string) (*results, error) {
 		return nil, err
 	}
 	served := make(chan error, 1)
+	sctx, stop := context.WithCancel(ctx)
+	defer stop()
 	go func() {
 		defer l.Close()
-		conn, err := l.Accept(ctx)
+		conn, err := l.Accept(sctx)
 		if err != nil {
 			served <- err
 			return
 		}
-		served <- echo(ctx, conn, mem, c.event)
+		served <- echo(sctx, conn, mem, c.event)
 	}()
 	r, err := dialAndMeasure(ctx, c, addr)
-	if serr := <-served; err == nil && serr != nil {
+	if err != nil {
+		// The dial may have failed before its request reached the
+		// listener: the server would wait for it forever.
+		stop()
+		<-served
+		return nil, err
+	}
+	if serr := <-served; serr != nil {
 		err = fmt.Errorf("server: %w", serr)
 	}
 	return r, err

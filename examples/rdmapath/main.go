@@ -10,6 +10,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"net/netip"
@@ -68,7 +69,8 @@ func run(src, dev, roce string, asJSON bool, args []string) error {
 	}
 	path, err := resolver.Resolve(context.Background(), dst, opts)
 	if err != nil {
-		if re, ok := err.(*resolver.ResolveError); ok && !asJSON {
+		var re *resolver.ResolveError
+		if errors.As(err, &re) && !asJSON {
 			fmt.Print(re.Path.Explain())
 		}
 		return err

@@ -112,15 +112,20 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		return serve(ctx, c, out)
 	}
 	r, err := soak(ctx, c)
-	if err != nil {
+	if r == nil {
 		return err
 	}
+	// A server that failed to restart still leaves a report of the run
+	// so far: written before that error is returned.
 	if c.out != "" {
-		if err := os.WriteFile(c.out, []byte(r.markdown()), 0o644); err != nil {
-			return err
+		if werr := os.WriteFile(c.out, []byte(r.markdown()), 0o644); werr != nil {
+			return errors.Join(err, werr)
 		}
 	}
 	fmt.Fprintln(out, r.summary())
+	if err != nil {
+		return err
+	}
 	if f := r.failures(); len(f) > 0 {
 		return fmt.Errorf("%d failure(s)", len(f))
 	}

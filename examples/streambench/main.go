@@ -23,12 +23,12 @@ import (
 	"io"
 	"net"
 	"os"
-	"os/signal"
 	"runtime/pprof"
 	"sort"
 	"sync"
 	"time"
 
+	"github.com/rdmago/rdmago/examples/internal/command"
 	"github.com/rdmago/rdmago/examples/internal/profile"
 	"github.com/rdmago/rdmago/rdmacm/msg"
 	"github.com/rdmago/rdmago/rdmacm/stream"
@@ -75,14 +75,7 @@ func parse(args []string, out io.Writer) (config, error) {
 	return c, nil
 }
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
-	defer stop()
-	if err := run(ctx, os.Args[1:], os.Stdout); err != nil {
-		fmt.Fprintln(os.Stderr, "streambench:", err)
-		os.Exit(1)
-	}
-}
+func main() { command.Main("streambench", run) }
 
 // result is one measurement.
 type result struct {
@@ -213,13 +206,22 @@ func serveConn(conn net.Conn) error {
 	return fmt.Errorf("unknown operation %q", op[0])
 }
 
+// dialStream connects to the server; the end of ctx (Ctrl-C) interrupts
+// the connection's blocked reads and writes, as a past deadline does.
 func dialStream(ctx context.Context, c config) (net.Conn, error) {
+	var conn net.Conn
+	var err error
 	if c.kind == "tcp" {
 		var d net.Dialer
-		return d.DialContext(ctx, "tcp", c.connect)
+		conn, err = d.DialContext(ctx, "tcp", c.connect)
+	} else {
+		var d stream.Dialer
+		conn, err = d.DialContext(ctx, "rdma", c.connect)
 	}
-	var d stream.Dialer
-	return d.DialContext(ctx, "rdma", c.connect)
+	if err == nil {
+		context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
+	}
+	return conn, err
 }
 
 func measureStream(ctx context.Context, c config) (result, error) {

@@ -31,6 +31,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	testpb "google.golang.org/grpc/interop/grpc_testing"
 
+	"github.com/rdmago/rdmago/rdmacm/msg"
 	"github.com/rdmago/rdmago/rdmacm/stream"
 )
 
@@ -88,7 +89,11 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		}
 		fmt.Fprintf(out, "grpcping: serving on %v\n", l.Addr())
 		<-ctx.Done()
+		// Calls in progress may finish, for a while: a client holding a
+		// stream open would hold a graceful stop for ever.
+		t := time.AfterFunc(5*time.Second, srv.Stop)
 		srv.GracefulStop()
+		t.Stop()
 		return nil
 	case c.connect != "":
 		return check(ctx, c.connect, c.size, c.concurrent, out)
@@ -108,7 +113,8 @@ func maxMessage(size int) int { return size + 1<<20 }
 // serve starts a gRPC server with the echoing test service on an RDMA
 // stream listener at addr.
 func serve(ctx context.Context, addr string, size int) (*grpc.Server, net.Listener, error) {
-	l, err := stream.Listen(ctx, nil, addr, nil)
+	// Probes find a client host that vanished without a disconnect.
+	l, err := stream.Listen(ctx, nil, addr, &msg.Config{KeepAlive: 15 * time.Second})
 	if err != nil {
 		return nil, nil, err
 	}

@@ -26,6 +26,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/rdmago/rdmago/rdmacm/msg"
 	"github.com/rdmago/rdmago/rdmacm/stream"
 )
 
@@ -98,7 +99,10 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 // serve starts an HTTP server on an RDMA stream listener at addr:
 // /hello answers "hello", /echo returns the request's body.
 func serve(ctx context.Context, addr string) (*http.Server, net.Listener, error) {
-	l, err := stream.Listen(ctx, nil, addr, nil)
+	// Probes find a client host that vanished without a disconnect: its
+	// connection's QP, CQs and memory are released, as TCP's keepalive
+	// would release a socket.
+	l, err := stream.Listen(ctx, nil, addr, &msg.Config{KeepAlive: 15 * time.Second})
 	if err != nil {
 		return nil, nil, err
 	}
@@ -109,7 +113,7 @@ func serve(ctx context.Context, addr string) (*http.Server, net.Listener, error)
 	mux.HandleFunc("POST /echo", func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(w, r.Body)
 	})
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: time.Minute}
 	go srv.Serve(l) // returns when the server closes, closing l
 	return srv, l, nil
 }
