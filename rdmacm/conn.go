@@ -127,7 +127,9 @@ type conn struct {
 	// recvMu.
 	sendWait, recvWait mergedContext
 	wrID               atomic.Uint64
-	mrMu               sync.Mutex // guards res.mrs and res.ahs
+	mrMu               sync.Mutex // guards res.mrs, res.ahs and replyAHs
+	// replyAHs are the AHs ReplyTo made, by address: one per sender.
+	replyAHs map[verbs.AHAttr]*verbs.AH
 	// released: Close released the verbs objects. Written with sendMu,
 	// recvMu and mrMu held: any one of them guards a read.
 	released bool
@@ -385,6 +387,14 @@ func (c *conn) onEvent(ev *Event) {
 		c.end(ErrDeviceRemoved, ev)
 	case EventAddrChange:
 		c.end(ErrAddrChanged, ev)
+	case EventMulticastError:
+		// After the join: the membership is gone (on InfiniBand an SM
+		// reregister or a port error; rdma_join_multicast(3) says to join
+		// again). Left up, the connection would look alive and receive
+		// nothing.
+		if c.group.IsValid() {
+			c.end(ErrDisconnected, ev)
+		}
 	case EventRejected, EventUnreachable, EventConnectError:
 		// A dialer's connection is up once its CM has answered the
 		// listener's reply (the RTU), but the listener's accept may have
@@ -586,7 +596,10 @@ func RemoteBufferOf(mr *verbs.MR, off, n int) RemoteBuffer {
 //
 // The receive's completion, which Recv returns, names its buffer: its ID
 // is the buffer's address, mr.Addr()+off, so the message is at offset
-// wc.ID-mr.Addr() of mr, wc.ByteLen bytes long (after the GRH on UD).
+// wc.ID-mr.Addr() of mr, wc.ByteLen bytes long. On UD those bytes begin
+// with the verbs.GRHSize (40) bytes the device writes before the data:
+// the datagram is wc.ByteLen-verbs.GRHSize bytes at offset+verbs.GRHSize,
+// and a UD receive must be longer than the GRH.
 // Receives also complete in the order they were posted.
 //
 // A range outside mr, and memory that RegisterMemory registered without
@@ -601,6 +614,11 @@ func (c *conn) PostRecv(mr *verbs.MR, off, n int) error {
 	}
 	if err := c.checkLocal(op, mr, off, n, true); err != nil {
 		return err
+	}
+	if c.qp.Type == verbs.QPTypeUD && n <= verbs.GRHSize {
+		oe := c.opError(op, nil, fmt.Errorf("a UD receive of %d bytes has no room for data after the %d-byte GRH", n, verbs.GRHSize))
+		oe.Hint = "post verbs.GRHSize plus the largest datagram expected"
+		return oe
 	}
 	err := c.qp.PostRecv(verbs.RecvWR{ID: mr.Addr() + uint64(off), SGEs: []verbs.SGE{mr.SGE(off, n)}})
 	switch {
@@ -696,10 +714,25 @@ func (c *conn) rdmaRead(ctx context.Context, mr *verbs.MR, off, n int, from Remo
 		RemoteAddr: from.Addr, RKey: from.RKey})
 }
 
+// udPathMTU is a UD connection's MTU: this port's, or the peer's when it
+// said a smaller one (in rdmago's private data header). A datagram above
+// it is dropped on the way, silently: rxe even completes its send.
+func udPathMTU(local, peer verbs.MTU) verbs.MTU {
+	if peer.Valid() && (!local.Valid() || peer < local) {
+		return peer
+	}
+	return local
+}
+
 // sendTo sends a UD datagram to peer.
 func (c *conn) sendTo(ctx context.Context, mr *verbs.MR, off, n int, peer UDPeer) error {
 	if err := c.checkLocal("send to", mr, off, n, false); err != nil {
 		return err
+	}
+	if mtu := c.path.MTU; mtu.Valid() && n > mtu.Bytes() {
+		oe := c.opError("send to", nil, fmt.Errorf("a datagram of %d bytes is larger than the path MTU, %d", n, mtu.Bytes()))
+		oe.Hint = "a UD message must fit one packet: split it (the device would drop it, and rxe reports the send done)"
+		return oe
 	}
 	return c.post(ctx, "send to", verbs.SendWR{Opcode: verbs.OpSend, SGEs: []verbs.SGE{mr.SGE(off, n)},
 		AH: peer.AH, RemoteQPN: peer.QPN, RemoteQKey: peer.QKey})
@@ -716,16 +749,65 @@ func (c *conn) replyTo(wc verbs.WorkCompletion, mr *verbs.MR, off int) (UDPeer, 
 	if err := c.checkLocal("address the sender", mr, off, verbs.GRHSize, false); err != nil {
 		return UDPeer{}, err // the GRH is read from mr at off
 	}
-	attr, err := c.pd.AHAttrFromWC(c.path.Port, wc, mr.Bytes()[off:off+verbs.GRHSize])
-	if err != nil {
+	grh := mr.Bytes()[off : off+verbs.GRHSize]
+	var attr verbs.AHAttr
+	var err error
+	if src, dst, ok := grhAddrs(grh); ok && dst.IsMulticast() {
+		// Sent to a group: ibv_init_ah_from_wc looks the destination up
+		// among the local GIDs to pick the source entry, and refuses a
+		// multicast one. The reply leaves from the membership's entry.
+		attr = verbs.AHAttr{DLID: wc.SLID, SL: wc.SL, PortNum: uint8(c.path.Port), IsGlobal: true,
+			GRH: verbs.GlobalRoute{DGID: verbs.GIDFromIP(src), SGIDIndex: uint8(max(c.path.GIDIndex, 0)), HopLimit: 64}}
+	} else if attr, err = c.pd.AHAttrFromWC(c.path.Port, wc, grh); err != nil {
 		return UDPeer{}, c.opError("address the sender", nil, err)
+	}
+	// One AH per sender: a server answering every datagram would
+	// otherwise make one per reply, until the device's AHs ran out.
+	if ah, ok := c.replyAHs[attr]; ok {
+		return UDPeer{AH: ah, QPN: wc.SrcQP, QKey: udpQKey}, nil
 	}
 	ah, err := c.pd.CreateAH(attr)
 	if err != nil {
 		return UDPeer{}, c.opError("address the sender", nil, err)
 	}
+	if c.replyAHs == nil {
+		c.replyAHs = make(map[verbs.AHAttr]*verbs.AH)
+	}
+	c.replyAHs[attr] = ah
 	c.res.ahs = append(c.res.ahs, ah)
 	return UDPeer{AH: ah, QPN: wc.SrcQP, QKey: udpQKey}, nil
+}
+
+// grhAddrs reads a UD receive's source and destination from the 40
+// bytes before its data: a GRH (InfiniBand, RoCE v1 and v2 over IPv6),
+// or, on RoCE v2 over IPv4, an IPv4 header in the last 20, as
+// ibv_init_ah_from_wc tells them apart.
+func grhAddrs(grh []byte) (src, dst netip.Addr, ok bool) {
+	if len(grh) < verbs.GRHSize {
+		return src, dst, false
+	}
+	ip4 := grh[20:40]
+	isV4 := ip4[0]>>4 == 4 && (grh[0]>>4 != 6 || ip4[0]&0xf == 5 && ipv4Checksum(ip4) == 0)
+	if isV4 {
+		return netip.AddrFrom4([4]byte(ip4[12:16])), netip.AddrFrom4([4]byte(ip4[16:20])), true
+	}
+	if grh[0]>>4 != 6 {
+		return src, dst, false
+	}
+	return netip.AddrFrom16([16]byte(grh[8:24])).Unmap(), netip.AddrFrom16([16]byte(grh[24:40])).Unmap(), true
+}
+
+// ipv4Checksum is the one's-complement sum of an IPv4 header: 0 when its
+// checksum field is right.
+func ipv4Checksum(h []byte) uint16 {
+	var sum uint32
+	for i := 0; i+1 < len(h); i += 2 {
+		sum += uint32(h[i])<<8 | uint32(h[i+1])
+	}
+	for sum > 0xffff {
+		sum = sum&0xffff + sum>>16
+	}
+	return ^uint16(sum)
 }
 
 // post posts one signaled work request and waits for its completion. The

@@ -127,7 +127,7 @@ func (e *endpoint) answer(ctx context.Context) (*conn, error) {
 	case EventEstablished:
 		o.trace(StepConnect, start)
 		if o.QPType == verbs.QPTypeUD {
-			return e.udConn(ev, peerData)
+			return e.udConn(ev, peerData, peerMTU)
 		}
 		return e.conn(peerData, o.Mode), nil
 	case EventConnectResponse:

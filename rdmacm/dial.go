@@ -107,7 +107,7 @@ func (c *connector) dial(ctx context.Context) (*conn, error) {
 
 // udConn finishes a UD dial: the answer carries the peer's QP number, qkey
 // and the address vector to reach it.
-func (e *endpoint) udConn(ev *Event, peerData []byte) (*conn, error) {
+func (e *endpoint) udConn(ev *Event, peerData []byte, peerMTU verbs.MTU) (*conn, error) {
 	ah, err := e.res.pd.CreateAH(ev.AH)
 	if err != nil {
 		return nil, e.fail("create AH", nil, err)
@@ -116,5 +116,6 @@ func (e *endpoint) udConn(ev *Event, peerData []byte) (*conn, error) {
 	c := e.conn(peerData, e.o.Mode)
 	c.peer = UDPeer{AH: ah, QPN: ev.Param.QPNum, QKey: ev.QKey}
 	c.path.GIDIndex = int(ev.AH.GRH.SGIDIndex)
+	c.path.MTU = udPathMTU(c.path.MTU, peerMTU)
 	return c, nil
 }

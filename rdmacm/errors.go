@@ -334,6 +334,8 @@ func hintFor(ev EventType, status int, iwarpDialer bool) string {
 		return "librdmacm could not move the QP on the peer's reply, or the transport failed"
 	case EventRejected:
 		return rejectMeaning(status)
+	case EventMulticastError:
+		return "the group membership failed or was lost (on InfiniBand: the SA refused it, or an SM reregister or port error ended it): join again"
 	}
 	return ""
 }

@@ -571,7 +571,9 @@ func (e *endpoint) accept(ctx context.Context, r *request, privateData []byte) (
 	}
 	if o.QPType == verbs.QPTypeUD {
 		o.trace(StepConnect, start)
-		return e.conn(r.data, o.Mode), nil
+		c := e.conn(r.data, o.Mode)
+		c.path.MTU = udPathMTU(c.path.MTU, r.peerMTU)
+		return c, nil
 	}
 	ev, err := e.await(ctx, "accept", o.ConnectTimeout)
 	if err != nil {

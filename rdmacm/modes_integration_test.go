@@ -196,8 +196,35 @@ func TestMulticast(t *testing.T) {
 	assert.Equal(t, "to everyone", string(bmr.Bytes()[verbs.GRHSize:verbs.GRHSize+11]))
 	assert.Equal(t, a.QP().QPN, wc.SrcQP)
 
+	// A member answers the sender of a group datagram (ibv_init_ah_from_wc
+	// refuses a multicast destination: the reply is addressed by hand),
+	// with one AH per sender however often it answers.
+	peer, err := b.ReplyTo(wc, bmr, 0)
+	require.NoError(t, err)
+	again, err := b.ReplyTo(wc, bmr, 0)
+	require.NoError(t, err)
+	assert.Same(t, peer.AH, again.AH, "one AH per sender")
+	require.NoError(t, a.PostRecv(amr, 1024, verbs.GRHSize+256))
+	copy(bmr.Bytes()[2048:], "just to you")
+	require.NoError(t, b.SendTo(ctx, bmr, 2048, 11, peer))
+	wc, err = a.Recv(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, "just to you", string(amr.Bytes()[1024+verbs.GRHSize:1024+verbs.GRHSize+11]))
+	assert.Equal(t, b.QP().QPN, wc.SrcQP)
+
+	// A datagram above the path MTU is refused (rxe would drop it and
+	// report the send done), and a UD receive with no room after the GRH.
+	err = a.Send(ctx, amr, 0, a.Route().MTU.Bytes()+1)
+	assert.ErrorContains(t, err, "larger than the path MTU")
+	err = a.PostRecv(amr, 0, verbs.GRHSize)
+	assert.ErrorContains(t, err, "no room for data after the 40-byte GRH")
+
 	_, err = dl.JoinMulticast(ctx, mustAddr("10.1.1.1"))
 	assert.ErrorContains(t, err, "not a multicast address")
+	c, err := dl.JoinMulticast(ctx, mustAddr("::ffff:239.1.2.3"))
+	require.NoError(t, err, "an IPv4 group written IPv4-mapped is the IPv4 group")
+	assert.Equal(t, group, c.Group())
+	require.NoError(t, c.Close())
 }
 
 // A peer process killed with SIGKILL: the kernel tears its connection down

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/netip"
+	"time"
 
 	"github.com/rdmago/rdmago/verbs"
 )
@@ -62,6 +63,7 @@ func (d *Dialer) JoinMulticast(ctx context.Context, group netip.Addr) (*Multicas
 	if err != nil {
 		return nil, err
 	}
+	group = group.Unmap() // an IPv4 group written as ::ffff:a.b.c.d is the IPv4 group
 	if !group.IsMulticast() {
 		return nil, &OpError{Op: "join multicast", Remote: netip.AddrPortFrom(group, 0), Err: errors.New("not a multicast address")}
 	}
@@ -93,18 +95,24 @@ func (e *endpoint) join(ctx context.Context, group netip.Addr) (*conn, error) {
 	if err := e.id.ResolveAddr(o.Source, e.remote, o.ResolveAddrTimeout); err != nil {
 		return nil, e.fail("resolve address", ErrAddrResolution, err)
 	}
-	ev, err := e.await(ctx, "resolve address", o.ResolveAddrTimeout)
+	// A second more than the kernel's own timer, so that its ADDR_ERROR,
+	// which says why, comes first.
+	ev, err := e.await(ctx, "resolve address", o.ResolveAddrTimeout+time.Second)
 	if err != nil {
 		return nil, err
 	}
 	if ev.Type != EventAddrResolved {
 		return nil, e.failEvent("resolve address", ErrAddrResolution, ev)
 	}
+	if e.local.Addr().IsUnspecified() || !e.local.IsValid() {
+		e.local = e.id.LocalAddr() // the source the kernel picked, for the errors
+	}
+	if dev, err := e.id.Device(); err == nil && dev.Info.Transport == verbs.TransportIWARP {
+		// Before prepare, whose UD QP siw refuses with a bare EOPNOTSUPP.
+		return nil, e.fail("join multicast", nil, errors.New("iWARP has no UD and no multicast"))
+	}
 	if err := e.prepare(); err != nil {
 		return nil, err
-	}
-	if e.iwarp {
-		return nil, e.fail("join multicast", nil, errors.New("iWARP has no UD and no multicast"))
 	}
 	if err := e.id.JoinMulticast(group); err != nil {
 		return nil, e.fail("join multicast", nil, err)
@@ -116,7 +124,7 @@ func (e *endpoint) join(ctx context.Context, group netip.Addr) (*conn, error) {
 	}
 	if ev.Type != EventMulticastJoin {
 		e.id.LeaveMulticast(group)
-		return nil, e.failEvent("join multicast", ErrConnect, ev)
+		return nil, e.joinError(ev)
 	}
 	ah, err := e.res.pd.CreateAH(ev.AH)
 	if err != nil {
@@ -129,4 +137,16 @@ func (e *endpoint) join(ctx context.Context, group netip.Addr) (*conn, error) {
 	c.group = group
 	c.path.GIDIndex = int(ev.AH.GRH.SGIDIndex)
 	return c, nil
+}
+
+// joinError is a join's MULTICAST_ERROR (or another event in its place).
+// Status -1 is librdmacm's own: it made the event when it could not attach
+// the QP to the group (ibv_attach_mcast), and "see errno" is not EPERM.
+func (e *endpoint) joinError(ev *Event) *OpError {
+	oe := e.failEvent("join multicast", ErrConnect, ev)
+	if ev.Type == EventMulticastError && ev.Status == -1 {
+		oe.Err = errors.New("librdmacm could not attach the QP to the group (ibv_attach_mcast)")
+		oe.Hint = "the device's groups (Device.Query: MaxMcastGrp) or QPs per group (MaxMcastQPAttach) may be used up"
+	}
+	return oe
 }

@@ -630,12 +630,21 @@ func (i *ID) JoinMulticast(group netip.Addr, scope uint32) error {
 	return nil
 }
 
-// LeaveMulticast is rdma_leave_multicast.
+// LeaveMulticast is rdma_leave_multicast, under the channel's qps too:
+// librdmacm attaches the QP to a group while the JOIN event is read
+// (ucma_process_join), so a leave between the kernel's event and that
+// read would detach nothing (the group's GID is not known yet) and the
+// attach would follow it, leaving a QP that cannot be destroyed. Holding
+// qps, the leave comes before the event is read (the kernel then drops
+// it) or after it was processed. librdmacm's wait for the group's events
+// to be acked cannot block on it: GetEvents acks under the same lock.
 func (i *ID) LeaveMulticast(group netip.Addr, scope uint32) error {
 	var ss C.struct_sockaddr_storage
 	toSockaddr(SockAddr{AP: netip.AddrPortFrom(group, 0), Scope: scope}, &ss)
 	i.qpMu.Lock()
 	defer i.qpMu.Unlock()
+	i.ch.qps.Lock()
+	defer i.ch.qps.Unlock()
 	if rc, err := C.rdma_leave_multicast(i.id, (*C.struct_sockaddr)(unsafe.Pointer(&ss))); rc != 0 {
 		return errnoOf(err)
 	}
