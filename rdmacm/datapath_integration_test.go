@@ -112,16 +112,18 @@ func checkDataPath(t *testing.T, d device, goPath bool) {
 	assert.Equal(t, "written, then read back", string(cbuf[6000:6023]))
 	assert.Equal(t, "written, then read back", string(sbuf[3000:3023]))
 
-	// What the device cannot do is refused at the post, naming the request.
-	refused := verbs.SendWR{ID: 14, Opcode: verbs.OpRDMAWriteWithImm, SGEs: []verbs.SGE{cmr.SGE(0, 8)}, RemoteAddr: remote.Addr, RKey: remote.RKey}
+	// What the device cannot do is refused at the post, naming the request:
+	// more inline bytes than it holds (siw's 80; rxe's, no more than asked
+	// for). What no device of the QP's kind can do (immediate data on
+	// iWARP) verbs refuses before the provider sees the batch.
+	refused := verbs.SendWR{ID: 14, Opcode: verbs.OpSend, Flags: verbs.SendInline, SGEs: []verbs.SGE{cmr.SGE(0, 81)}}
 	if !d.iwarp {
-		// rxe has immediate data, but holds no more inline bytes than asked for.
 		refused = verbs.SendWR{ID: 14, Opcode: verbs.OpSend, Flags: verbs.SendInline, SGEs: []verbs.SGE{cmr.SGE(0, 65)}}
 	}
 	err = client.QP().PostSend(verbs.SendWR{ID: 13, Opcode: verbs.OpRDMAWrite, Flags: verbs.SendSignaled, SGEs: []verbs.SGE{cmr.SGE(0, 8)},
 		RemoteAddr: remote.Addr, RKey: remote.RKey}, refused)
 	require.Error(t, err, "%v", refused)
-	assert.Contains(t, err.Error(), fmt.Sprintf("work request 1 (%v) of 2", refused.Opcode))
+	assert.Contains(t, err.Error(), fmt.Sprintf("work request 1 (%v, ID 0xe) of 2", refused.Opcode))
 	if goPath || !d.iwarp {
 		assert.ErrorIs(t, err, syscall.EINVAL)
 	} else {
@@ -141,13 +143,16 @@ func checkDataPath(t *testing.T, d device, goPath bool) {
 	}
 	err = client.QP().PostSend(batch...)
 	require.Error(t, err, "40 requests on a send queue of 16")
-	m := regexp.MustCompile(`work request (\d+) \(RDMA_WRITE\) of 40`).FindStringSubmatch(err.Error())
+	m := regexp.MustCompile(`work request (\d+) \(RDMA_WRITE, ID 0x[0-9a-f]+\) of 40`).FindStringSubmatch(err.Error())
 	require.NotNil(t, m, "%v", err)
 	fit, _ := strconv.Atoi(m[1])
 	assert.GreaterOrEqual(t, fit, 16)
 	if goPath || !d.iwarp {
 		assert.ErrorIs(t, err, syscall.ENOMEM)
 		assert.Contains(t, err.Error(), "send queue is full")
+		var pe *verbs.PostError
+		require.ErrorAs(t, err, &pe, "how many were posted, for a caller to post the rest")
+		assert.Equal(t, fit, pe.Posted)
 	}
 	for i := range fit {
 		wc := pollOne(t, client.SendCQ())

@@ -513,7 +513,7 @@ func TestHostileFlood(t *testing.T) {
 				assert.Less(t, time.Since(start), 2*time.Second)
 				// The error is that request's, and says what happened.
 				assert.ErrorIs(t, err, rdmacm.ErrConnect)
-				assert.ErrorContains(t, err, "the dialer gave up on the request")
+				assert.ErrorContains(t, err, "gave up")
 				var oe *rdmacm.OpError
 				require.ErrorAs(t, err, &oe)
 				assert.True(t, oe.Remote.IsValid(), "it names the dialer: the listener goes on")

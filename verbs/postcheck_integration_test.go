@@ -44,7 +44,7 @@ func TestPostRefusesWhatTheQPCannotCarry(t *testing.T) {
 		wrs  []verbs.SendWR
 		want string
 	}{
-		{ud.qp, []verbs.SendWR{withAH, send}, "work request 1 (ID 0x77) of 2"},
+		{ud.qp, []verbs.SendWR{withAH, send}, "work request 1 (SEND, ID 0x77) of 2"},
 		{ud.qp, []verbs.SendWR{send}, "a UD send needs an address handle (SendWR.AH)"},
 		{ud.qp, []verbs.SendWR{{Opcode: verbs.OpRDMAWrite, AH: ah}}, "a UD QP sends SEND and SEND_WITH_IMM only, not RDMA_WRITE"},
 		{rc.qp, []verbs.SendWR{write}, "only UD sends take an address handle (SendWR.AH); this QP is RC"},

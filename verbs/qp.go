@@ -269,7 +269,7 @@ func (q *QP) postSend(wrs []SendWR) error {
 	for i := range wrs {
 		if why := sendWRProblem(q.Type, iwarp, &wrs[i]); why != "" {
 			return &OpError{Op: "ibv_post_send", Device: q.pd.dev.Info.Name, QPN: q.QPN, Err: syscall.EINVAL,
-				Detail: fmt.Sprintf("work request %d (ID %#x) of %d", i, wrs[i].ID, len(wrs)), Hint: why + "; nothing was posted"}
+				Detail: fmt.Sprintf("work request %d (%v, ID %#x) of %d", i, wrs[i].Opcode, wrs[i].ID, len(wrs)), Hint: why + "; nothing was posted"}
 		}
 		total += len(wrs[i].SGEs)
 	}
