@@ -84,6 +84,9 @@ var (
 	ErrNoRoute      = errors.New("no route to the destination")
 	ErrNoRDMADevice = errors.New("the egress netdev has no RDMA device")
 	ErrMTUTooSmall  = errors.New("the egress netdev's MTU is too small for RoCE")
+	// ErrLoopback: the destination is a loopback or unspecified address,
+	// which no RDMA connection reaches (see Resolve).
+	ErrLoopback = errors.New("a loopback destination has no RDMA path")
 )
 
 // ResolveError is returned by [Resolve]: the path as far as it got (its

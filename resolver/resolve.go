@@ -18,7 +18,9 @@ func ResolveHost(ctx context.Context, host string, opts Options) (*Path, error) 
 // netdev; the GID entry is the one holding the source address, of the port's
 // default type, tagged with the egress netdev. A destination on this host
 // routes through lo, which RDMA does not use: as the kernel does, the path
-// then leaves by the netdev that owns the address.
+// then leaves by the netdev that owns the address. A loopback or
+// unspecified destination (127.0.0.1, ::1, 0.0.0.0) fails with
+// [ErrLoopback]: the kernel CM resolves its address but not its route.
 //
 // It runs in the caller's network namespace. On failure the error is a
 // *[ResolveError] whose Path explains what was decided before it failed.

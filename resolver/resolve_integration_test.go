@@ -6,6 +6,7 @@ import (
 	"context"
 	"net/netip"
 	"os/exec"
+	"syscall"
 	"testing"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rdmago/rdmago/internal/cmprobe"
+	"github.com/rdmago/rdmago/rdmacm"
 	"github.com/rdmago/rdmago/resolver"
 	"github.com/rdmago/rdmago/test/testbed"
 	"github.com/rdmago/rdmago/verbs"
@@ -113,7 +115,7 @@ func TestResolveHost(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, rxe.IPv6, p.Source.String())
 	_, err = resolver.ResolveHost(context.Background(), "localhost", resolver.Options{Network: "ip4"})
-	assert.ErrorIs(t, err, resolver.ErrNoRDMADevice, "127.0.0.1 lives on lo, which has no RDMA device")
+	assert.ErrorIs(t, err, resolver.ErrLoopback, "localhost is 127.0.0.1, which no RDMA connection reaches")
 }
 
 func TestResolveIWARP(t *testing.T) {
@@ -187,4 +189,29 @@ func TestManualConnectionFromResolver(t *testing.T) {
 		got += n
 	}
 	assert.Equal(t, "resolved", string(mr.Bytes()[1000:1008]))
+}
+
+// A loopback (or unspecified) destination has no RDMA path: the kernel CM
+// resolves its address to the first active port, then fails the route,
+// and the resolver says so, naming the netdevs RDMA runs on.
+func TestResolveLoopbackAgreesWithKernelCM(t *testing.T) {
+	rxe := testbed.Require(t).MustDevice(t, "rxe0")
+	for i, dst := range []string{"127.0.0.1", "::1", "0.0.0.0"} {
+		d := netip.MustParseAddr(dst)
+		_, err := resolver.Resolve(context.Background(), d, resolver.Options{})
+		assert.ErrorIs(t, err, resolver.ErrLoopback, dst)
+		assert.ErrorContains(t, err, rxe.Netdev, "it says where RDMA runs")
+		// The kernel CM's view, through librdmacm: the address resolves,
+		// the route does not.
+		dl := rdmacm.Dialer{ResolveRetries: -1}
+		_, kerr := dl.Dial(ctxFor(t, 10*time.Second), netip.AddrPortFrom(d, uint16(7800+i)).String())
+		assert.ErrorIs(t, kerr, rdmacm.ErrRouteResolution, dst)
+		assert.ErrorIs(t, kerr, syscall.ENODEV, dst)
+	}
+}
+
+func ctxFor(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
 }

@@ -9,6 +9,8 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"slices"
+	"strings"
 
 	"github.com/vishvananda/netlink"
 
@@ -66,6 +68,12 @@ func resolve(ctx context.Context, dst netip.Addr, opts Options) (*Path, error) {
 		if table, err = ReadTable(); err != nil {
 			return fail(err)
 		}
+	}
+	if dst.IsLoopback() || dst.IsUnspecified() {
+		return fail(fmt.Errorf("resolver: %v: %w: the kernel CM takes it as this host (cma_resolve_loopback) and binds an "+
+			"id without source to the first active port, GID index 0, but then fails rdma_resolve_route with ENODEV "+
+			"on RoCE (no netdev is bound); with a source, the connect request reaches no listener. Reach this host "+
+			"by an address of a netdev with an RDMA device (%s)", dst, ErrLoopback, rdmaNetdevs(table)))
 	}
 
 	// A given source binds the path to the netdev that holds it, as the
@@ -339,4 +347,21 @@ func pickSource(link netlink.Link, dst netip.Addr) (netip.Addr, error) {
 		}
 	}
 	return netip.Addr{}, fmt.Errorf("resolver: %s has no address to reach %v from: %w", link.Attrs().Name, dst, ErrNoGIDForSource)
+}
+
+// rdmaNetdevs names the netdevs the table's ports serve, for an error
+// that says where RDMA does run on this host.
+func rdmaNetdevs(t *Table) string {
+	var names []string
+	for _, p := range t.Ports {
+		for _, e := range p.GIDs {
+			if e.Netdev != "" && !slices.Contains(names, e.Netdev) {
+				names = append(names, e.Netdev)
+			}
+		}
+	}
+	if len(names) == 0 {
+		return "none has one"
+	}
+	return strings.Join(names, ", ")
 }
