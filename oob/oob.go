@@ -187,8 +187,8 @@ func Connect(ctx context.Context, tcp net.Conn, cfg *Config) (*Conn, error) {
 		if !errors.As(err, &oe) {
 			oe = fail("exchange", err)
 		}
-		if ctx.Err() == nil && errors.Is(err, os.ErrDeadlineExceeded) {
-			<-ctx.Done() // the socket's deadline is ctx's, whose timer is due
+		if dl, ok := ctx.Deadline(); ok && ctx.Err() == nil && errors.Is(err, os.ErrDeadlineExceeded) && !time.Now().Before(dl) {
+			<-ctx.Done() // the socket's deadline was ctx's, whose timer is due
 		}
 		if ctx.Err() != nil {
 			// The socket's deadline stopped the exchange: say why, and

@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/rdmago/rdmago/internal/vbridge"
 	"github.com/rdmago/rdmago/verbs"
 )
 
@@ -242,7 +243,9 @@ func (c *conn) end(kind error, ev *Event) {
 		}
 		e := c.opError(opConnection, ErrEnded, cause)
 		e.Hint = endHint(kind, c.disconnecting.Load())
-		if ev != nil && ev.Type != EventDisconnected && kind == ErrDisconnected {
+		if ev != nil && ev.Type == EventMulticastError {
+			e.Hint = hintFor(ev.Type, ev.Status, false)
+		} else if ev != nil && ev.Type != EventDisconnected && kind == ErrDisconnected {
 			e.Hint = "the peer gave up on the connection after this side had it established: most often the " +
 				"peer's accept timed out (its ConnectTimeout) before this side's answer to its reply arrived, " +
 				"as happens under load; Close this side and dial again"
@@ -620,11 +623,11 @@ func (c *conn) PostRecv(mr *verbs.MR, off, n int) error {
 		oe.Hint = "post verbs.GRHSize plus the largest datagram expected"
 		return oe
 	}
-	err := c.qp.PostRecv(verbs.RecvWR{ID: mr.Addr() + uint64(off), SGEs: []verbs.SGE{mr.SGE(off, n)}})
+	err := c.qp.PostRecv(verbs.RecvWR{ID: mr.Addr() + uint64(off), SGEs: []verbs.SGE{sgeOf(mr, off, n)}})
 	switch {
 	case err == nil:
 		return nil
-	case c.ended():
+	case !isENOMEM(err) && c.endingAfter():
 		return c.endedError(op)
 	case isENOMEM(err):
 		oe := c.opError(op, nil, &explained{"the receive queue is full (ibv_post_recv: ENOMEM)", []error{syscall.ENOMEM, err}})
@@ -634,6 +637,23 @@ func (c *conn) PostRecv(mr *verbs.MR, off, n int) error {
 		return oe
 	}
 	return c.opError(op, nil, err)
+}
+
+// endingAfter reports, after a post failed, whether the connection has
+// ended or is ending: this side's disconnect (a Close on another
+// goroutine) moves the QP at once (siw refuses the doorbell with
+// ENOTCONN), and the end follows within CloseTimeout; the post's error is
+// then the end's.
+func (c *conn) endingAfter() bool {
+	if c.disconnecting.Load() && !c.ended() {
+		t := time.NewTimer(c.opts.CloseTimeout)
+		select {
+		case <-c.done:
+		case <-t.C:
+		}
+		t.Stop()
+	}
+	return c.ended()
 }
 
 // isENOMEM reports whether a post failed with ENOMEM, a full queue. Some
@@ -687,7 +707,7 @@ func (c *conn) send(ctx context.Context, mr *verbs.MR, off, n int) error {
 	if err := c.checkLocal("send", mr, off, n, false); err != nil {
 		return err
 	}
-	return c.post(ctx, "send", verbs.SendWR{Opcode: verbs.OpSend, SGEs: []verbs.SGE{mr.SGE(off, n)}})
+	return c.post(ctx, "send", verbs.SendWR{Opcode: verbs.OpSend, SGEs: []verbs.SGE{sgeOf(mr, off, n)}})
 }
 
 // rdmaWrite copies n bytes of mr from off into the peer's memory.
@@ -698,7 +718,7 @@ func (c *conn) rdmaWrite(ctx context.Context, mr *verbs.MR, off, n int, to Remot
 	if uint64(n) > uint64(to.Len) {
 		return c.opError("RDMA write", nil, fmt.Errorf("%d bytes do not fit the peer's %d-byte buffer", n, to.Len))
 	}
-	return c.post(ctx, "RDMA write", verbs.SendWR{Opcode: verbs.OpRDMAWrite, SGEs: []verbs.SGE{mr.SGE(off, n)},
+	return c.post(ctx, "RDMA write", verbs.SendWR{Opcode: verbs.OpRDMAWrite, SGEs: []verbs.SGE{sgeOf(mr, off, n)},
 		RemoteAddr: to.Addr, RKey: to.RKey})
 }
 
@@ -710,8 +730,16 @@ func (c *conn) rdmaRead(ctx context.Context, mr *verbs.MR, off, n int, from Remo
 	if uint64(n) > uint64(from.Len) {
 		return c.opError("RDMA read", nil, fmt.Errorf("%d bytes exceed the peer's %d-byte buffer", n, from.Len))
 	}
-	return c.post(ctx, "RDMA read", verbs.SendWR{Opcode: verbs.OpRDMARead, SGEs: []verbs.SGE{mr.SGE(off, n)},
+	return c.post(ctx, "RDMA read", verbs.SendWR{Opcode: verbs.OpRDMARead, SGEs: []verbs.SGE{sgeOf(mr, off, n)},
 		RemoteAddr: from.Addr, RKey: from.RKey})
+}
+
+// sgeOf is mr's element for a range checkLocal let through. Not MR.SGE,
+// which panics on a region closed meanwhile: a connection's Close may run
+// on another goroutine between the check and the post, and the call must
+// then fail with the connection's end (the post sees it), not crash.
+func sgeOf(mr *verbs.MR, off, n int) verbs.SGE {
+	return verbs.SGE{Addr: mr.Addr() + uint64(off), Length: uint32(n), LKey: mr.LKey}
 }
 
 // udPathMTU is a UD connection's MTU: this port's, or the peer's when it
@@ -734,7 +762,7 @@ func (c *conn) sendTo(ctx context.Context, mr *verbs.MR, off, n int, peer UDPeer
 		oe.Hint = "a UD message must fit one packet: split it (the device would drop it, and rxe reports the send done)"
 		return oe
 	}
-	return c.post(ctx, "send to", verbs.SendWR{Opcode: verbs.OpSend, SGEs: []verbs.SGE{mr.SGE(off, n)},
+	return c.post(ctx, "send to", verbs.SendWR{Opcode: verbs.OpSend, SGEs: []verbs.SGE{sgeOf(mr, off, n)},
 		AH: peer.AH, RemoteQPN: peer.QPN, RemoteQKey: peer.QKey})
 }
 
@@ -752,7 +780,7 @@ func (c *conn) replyTo(wc verbs.WorkCompletion, mr *verbs.MR, off int) (UDPeer, 
 	grh := mr.Bytes()[off : off+verbs.GRHSize]
 	var attr verbs.AHAttr
 	var err error
-	if src, dst, ok := grhAddrs(grh); ok && dst.IsMulticast() {
+	if src, dst, ok := grhAddrs(grh); ok && wc.Flags&verbs.WCWithGRH != 0 && dst.IsMulticast() {
 		// Sent to a group: ibv_init_ah_from_wc looks the destination up
 		// among the local GIDs to pick the source entry, and refuses a
 		// multicast one. The reply leaves from the membership's entry.
@@ -763,7 +791,7 @@ func (c *conn) replyTo(wc verbs.WorkCompletion, mr *verbs.MR, off int) (UDPeer, 
 	}
 	// One AH per sender: a server answering every datagram would
 	// otherwise make one per reply, until the device's AHs ran out.
-	if ah, ok := c.replyAHs[attr]; ok {
+	if ah, ok := c.replyAHs[attr]; ok && vbridge.AH(ah) != nil { // not one the caller closed
 		return UDPeer{AH: ah, QPN: wc.SrcQP, QKey: udpQKey}, nil
 	}
 	ah, err := c.pd.CreateAH(attr)
@@ -829,7 +857,7 @@ func (c *conn) post(ctx context.Context, op string, wr verbs.SendWR) error {
 	wr.ID = c.wrID.Add(1)
 	wr.Flags |= verbs.SendSignaled
 	if err := c.qp.PostSend(wr); err != nil {
-		if c.ended() {
+		if c.endingAfter() {
 			return c.endedError(op)
 		}
 		return c.opError(op, nil, err)
@@ -872,17 +900,26 @@ func (c *conn) sharedCQError(op, field string) error {
 // op sent (0 for a receive).
 func (c *conn) completionError(op string, wc verbs.WorkCompletion, n int) error {
 	ce := &verbs.CompletionError{WC: wc, Hint: c.completionHint(op, wc.Status, n)}
-	if wc.Status != verbs.WCWRFlushErr {
+	closing := c.disconnecting.Load()
+	if wc.Status != verbs.WCWRFlushErr && !closing {
 		// Its own failure, even if the connection ended since (siw ends
 		// it on a receive that does not fit): the end is not the cause.
 		return c.opError(op, nil, ce)
 	}
-	// A flush after the connection ended is that end, not a new failure.
-	// On iWARP the peer's close flushes the QP before DISCONNECTED
-	// arrives: give the event a moment to say so.
+	// A flush after the connection ended is that end, not a new failure;
+	// so is any failure of a request that met this side's disconnect
+	// (siw completes one posted after it with LOC_QP_OP_ERR). On iWARP the
+	// peer's close flushes the QP before DISCONNECTED arrives: give the
+	// event a moment to say so.
+	if closing {
+		c.endingAfter()
+	}
 	select {
 	case <-c.done:
 		ce.Hint = "the work request was flushed when the connection ended"
+		if wc.Status != verbs.WCWRFlushErr {
+			ce.Hint = "the work request met this side's disconnect"
+		}
 	case <-time.After(flushGrace):
 	}
 	return c.opError(op, c.Err(), ce)

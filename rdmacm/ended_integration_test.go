@@ -6,6 +6,8 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -248,6 +250,55 @@ func TestClosingWhileThePeerCloses(t *testing.T) {
 				recvErr = <-recv
 			}
 			require.Error(t, recvErr, "round %d: the client's Recv", i)
+		}
+	})
+}
+
+// Close on one goroutine while others post through the helpers: each call
+// fails with the connection's end, none crashes (the helpers built their
+// SGE with MR.SGE, which panics on the region Close unmapped meanwhile).
+func TestHelpersAgainstClose(t *testing.T) {
+	forEachDevice(t, func(t *testing.T, d device) {
+		checkNoLeaks(t)
+		for range 5 {
+			client, server := pair(t, d, rdmacm.ConnConfig{})
+			ctx := ctxFor(t, 20*time.Second)
+			mr, err := client.RegisterMemory(4096, access)
+			require.NoError(t, err)
+			smr, err := server.RegisterMemory(4096, access)
+			require.NoError(t, err)
+			remote := rdmacm.RemoteBufferOf(smr, 0, 4096)
+			var wg sync.WaitGroup
+			errs := make(chan error, 2)
+			for i := range 2 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for {
+						var err error
+						if i == 0 {
+							err = client.PostRecv(mr, 0, 64)
+						} else {
+							err = client.RDMAWrite(ctx, mr, 64, 64, remote)
+						}
+						if errors.Is(err, syscall.ENOMEM) {
+							continue // the receive queue is full until the end flushes it
+						}
+						if err != nil {
+							errs <- err
+							return
+						}
+					}
+				}()
+			}
+			time.Sleep(5 * time.Millisecond)
+			require.NoError(t, client.Close())
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				assert.ErrorIs(t, err, rdmacm.ErrEnded)
+			}
+			require.NoError(t, server.Close())
 		}
 	})
 }

@@ -14,6 +14,12 @@ func init() {
 	}
 	vbridge.PD = func(pd any) *ibv.PD { return pd.(*PD).pd }
 	vbridge.CQ = func(cq any) *ibv.CQ { return cq.(*CQ).handle() }
+	vbridge.AH = func(ah any) *ibv.AH {
+		a := ah.(*AH)
+		a.closeMu.RLock()
+		defer a.closeMu.RUnlock()
+		return a.ah
+	}
 	vbridge.Device = func(c *ibv.Context) any { return borrowDevice(c) }
 	vbridge.AdoptQP = func(pd any, qp *ibv.QP, qpType int) any { return adoptQP(pd.(*PD), qp, QPType(qpType)) }
 	vbridge.QPAttr = func(a *ibv.QPAttr) any { return attrFromIBV(a) }

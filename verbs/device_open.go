@@ -91,6 +91,9 @@ func borrowDevice(c *ibv.Context) *Device {
 
 // Close releases the device, ending its Events channel first.
 func (d *Device) Close() error {
+	if err := d.inUse(); err != nil {
+		return err // before the event reader is stopped: the device stays whole
+	}
 	d.mu.Lock()
 	d.closing = true
 	stop, done := d.stopEvents, d.eventsDone
@@ -107,10 +110,9 @@ func (d *Device) Close() error {
 	if d.ctx == nil {
 		return nil
 	}
-	if pds, cqs := d.pds.Load(), d.cqs.Load(); pds+cqs > 0 && !d.borrowed {
-		return &OpError{Op: "ibv_close_device", Device: d.Info.Name, Err: syscall.EBUSY,
-			Detail: fmt.Sprintf("with %s and %s made from it still open", count(pds, "PD"), count(cqs, "CQ")),
-			Hint:   "close the QPs, MRs, AHs, CQs and PDs first: closing the device would free the context under them"}
+	if err := d.inUse(); err != nil {
+		d.closing = false // made meanwhile: the device stays open, its events can be read again
+		return err
 	}
 	if err := d.ctx.Close(); err != nil {
 		return &OpError{Op: "ibv_close_device", Device: d.Info.Name, Err: err}
@@ -335,6 +337,16 @@ func (d *Device) Events(ctx context.Context) (<-chan AsyncEvent, error) {
 		}
 	}()
 	return out, nil
+}
+
+// inUse refuses to close a device with PDs or CQs made from it still open.
+func (d *Device) inUse() error {
+	if pds, cqs := d.pds.Load(), d.cqs.Load(); pds+cqs > 0 && !d.borrowed {
+		return &OpError{Op: "ibv_close_device", Device: d.Info.Name, Err: syscall.EBUSY,
+			Detail: fmt.Sprintf("with %s and %s made from it still open", count(pds, "PD"), count(cqs, "CQ")),
+			Hint:   "close the QPs, MRs, AHs, CQs and PDs first: closing the device would free the context under them"}
+	}
+	return nil
 }
 
 // count is "1 PD", "2 PDs".

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"unsafe"
 
@@ -63,8 +64,10 @@ type MR struct {
 	pd      *PD
 	closeMu sync.Mutex // Close against Close (rdmacm's and the caller's)
 	mr      *ibv.MR
-	buf     []byte // nil once closed
-	addr    uint64
+	// buf is the region's memory, nil once closed: atomic, as a
+	// connection may read it while another goroutine closes the region.
+	buf  atomic.Pointer[[]byte]
+	addr uint64
 	// LKey and RKey name the region in local SGEs and in a peer's RDMA requests.
 	LKey, RKey uint32
 	access     AccessFlags
@@ -99,8 +102,9 @@ func (p *PD) RegisterMemory(size int, access AccessFlags) (*MR, error) {
 		}
 		return nil, e
 	}
-	return &MR{pd: p, mr: mr, buf: buf, addr: uint64(uintptr(unsafe.Pointer(&buf[0]))), LKey: mr.LKey, RKey: mr.RKey,
-		access: access}, nil
+	m := &MR{pd: p, mr: mr, addr: uint64(uintptr(unsafe.Pointer(&buf[0]))), LKey: mr.LKey, RKey: mr.RKey, access: access}
+	m.buf.Store(&buf)
+	return m, nil
 }
 
 // Access is what the region was registered for: a receive or an RDMA read
@@ -108,7 +112,12 @@ func (p *PD) RegisterMemory(size int, access AccessFlags) (*MR, error) {
 func (m *MR) Access() AccessFlags { return m.access }
 
 // Bytes is the region's memory; nil after Close, which unmaps it.
-func (m *MR) Bytes() []byte { return m.buf }
+func (m *MR) Bytes() []byte {
+	if b := m.buf.Load(); b != nil {
+		return *b
+	}
+	return nil
+}
 
 // Addr is the region's start address, as a peer uses it in RDMA requests.
 func (m *MR) Addr() uint64 { return m.addr }
@@ -118,7 +127,7 @@ func (m *MR) Addr() uint64 { return m.addr }
 // region (or the region is closed): an element outside it would have the
 // device, or an inline send's copy, touch memory the region does not own.
 func (m *MR) SGE(off, n int) SGE {
-	if size := len(m.buf); off < 0 || n < 0 || off > size || n > size-off {
+	if size := len(m.Bytes()); off < 0 || n < 0 || off > size || n > size-off {
 		panic(fmt.Sprintf("verbs: MR.SGE(%d, %d) outside the region's %d bytes", off, n, size))
 	}
 	return SGE{Addr: m.Addr() + uint64(off), Length: uint32(n), LKey: m.LKey}
@@ -135,8 +144,8 @@ func (m *MR) Close() error {
 		return &OpError{Op: "ibv_dereg_mr", Device: m.pd.dev.Info.Name, Err: err}
 	}
 	m.mr = nil
-	buf := m.buf
-	m.buf = nil // a slice over unmapped memory would fault on its next use
+	buf := m.Bytes()
+	m.buf.Store(nil) // a slice over unmapped memory would fault on its next use
 	return unix.Munmap(buf)
 }
 

@@ -3,6 +3,7 @@
 package verbs_test
 
 import (
+	"context"
 	"fmt"
 	"sync"
 	"syscall"
@@ -127,10 +128,19 @@ func TestDeviceCloseRefusedWhileInUse(t *testing.T) {
 	require.NoError(t, err)
 	cq, err := dev.CreateCQ(4)
 	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	events, err := dev.Events(ctx)
+	require.NoError(t, err)
 
 	err = dev.Close()
 	assert.ErrorIs(t, err, syscall.EBUSY)
 	assert.ErrorContains(t, err, "with 1 PD and 1 CQ made from it still open")
+	select {
+	case _, ok := <-events:
+		assert.True(t, ok, "a refused close leaves the event reader running")
+	default:
+	}
 	require.NoError(t, cq.Close())
 	require.NoError(t, cq.Close(), "a second close does not count twice")
 	err = dev.Close()

@@ -1,6 +1,7 @@
 package verbs
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math"
@@ -8,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"unsafe"
 
 	"github.com/rdmago/rdmago/internal/ibv"
 )
@@ -247,9 +249,15 @@ func (q *QP) postSendHoldingAHs(wrs []SendWR) error {
 	var held []*AH
 	for i := range wrs {
 		if a := wrs[i].AH; a != nil && !slices.Contains(held, a) {
-			a.closeMu.RLock() // once per AH: a second RLock could wait behind a Close
 			held = append(held, a)
 		}
+	}
+	// Once per AH, as a second read lock could wait behind a Close, and
+	// in one order for every post: two posts locking A, B and B, A could
+	// each wait behind the other's pending Close.
+	slices.SortFunc(held, func(a, b *AH) int { return cmp.Compare(uintptr(unsafe.Pointer(a)), uintptr(unsafe.Pointer(b))) })
+	for _, a := range held {
+		a.closeMu.RLock()
 	}
 	err := q.postSend(wrs)
 	for _, a := range held {
@@ -302,9 +310,14 @@ func (q *QP) postSend(wrs []SendWR) error {
 			e.Detail = fmt.Sprintf("work request %d (%v, ID %#x) of %d", bad, wrs[bad].Opcode, wrs[bad].ID, len(wrs))
 			e.Err = &PostError{Posted: bad, Err: err}
 		}
-		// A full queue is a full queue in any state.
-		switch state := q.stateNow(); {
-		case errors.Is(e.Err, syscall.ENOMEM):
+		// A full queue is a full queue in any state (and needs no query).
+		full := errors.Is(e.Err, syscall.ENOMEM)
+		state := QPStateRTS
+		if !full {
+			state = q.stateNow()
+		}
+		switch {
+		case full:
 			e.Hint = "the send queue is full: poll completions first or raise Cap.MaxSendWR"
 		case errors.Is(e.Err, ibv.ErrReasonLost):
 			e.Hint = "the provider refused this request but returned success for the batch, as libsiw 44 does " +
@@ -397,10 +410,10 @@ func (q *QP) PostRecv(wrs ...RecvWR) error {
 			e.Detail = fmt.Sprintf("work request %d (ID %#x) of %d", bad, wrs[bad].ID, len(wrs))
 			e.Err = &PostError{Posted: bad, Err: err}
 		}
-		switch state := q.stateNow(); {
+		switch {
 		case errors.Is(err, syscall.ENOMEM):
 			e.Hint = "the receive queue is full: raise Cap.MaxRecvWR"
-		case state == QPStateReset:
+		case q.stateNow() == QPStateReset:
 			e.Hint = "the QP is in RESET: receives can be posted from INIT on"
 		}
 		return e

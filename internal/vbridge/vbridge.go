@@ -14,6 +14,8 @@ var (
 	PD func(pd any) *ibv.PD
 	// CQ is a *verbs.CQ's handle, nil once it is closed.
 	CQ func(cq any) *ibv.CQ
+	// AH is a *verbs.AH's handle, nil once closed.
+	AH func(ah any) *ibv.AH
 	// Device wraps a context librdmacm owns as a *verbs.Device whose Close
 	// leaves it open.
 	Device func(c *ibv.Context) any
