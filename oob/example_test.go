@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/rdmago/rdmago/oob"
+	"github.com/rdmago/rdmago/rdmacm"
 	"github.com/rdmago/rdmago/verbs"
 )
 
@@ -16,7 +17,7 @@ func Example() {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 
-	// Server: one TCP connection, one RDMA connection over it.
+	// Server: one TCP connection, one RDMA connection over it, one message.
 	ln, err := net.Listen("tcp", "10.10.0.1:7000")
 	if err != nil {
 		log.Fatal(err)
@@ -27,13 +28,25 @@ func Example() {
 		if err != nil {
 			log.Fatal(err)
 		}
-		conn, err := oob.Connect(ctx, tcp, nil)
+		// The receive is posted before this side says it is ready: the
+		// client may send as soon as it hears that.
+		var mr *verbs.MR
+		conn, err := oob.Connect(ctx, tcp, &oob.Config{BeforeConnect: func(s rdmacm.Setup) (err error) {
+			if mr, err = s.RegisterMemory(4096, verbs.AccessLocalWrite); err != nil {
+				return err
+			}
+			return s.PostRecv(mr, 0, 4096)
+		}})
 		if err != nil {
 			tcp.Close() // a failed Connect leaves the socket to its caller
 			log.Fatal(err)
 		}
 		defer conn.Close() // closes the socket too
-		<-conn.Done()      // until the client closes
+		wc, err := conn.Recv(ctx)
+		if err != nil {
+			log.Fatal(err)
+		}
+		log.Printf("received %q", mr.Bytes()[:wc.ByteLen])
 	}()
 
 	// Client.
@@ -48,4 +61,12 @@ func Example() {
 	}
 	defer conn.Close()
 	log.Println("connected:", conn.Route())
+	mr, err := conn.RegisterMemory(4096, verbs.AccessLocalWrite)
+	if err != nil {
+		log.Fatal(err)
+	}
+	n := copy(mr.Bytes(), "over a QP the TCP socket connected")
+	if err := conn.Send(ctx, mr, 0, n); err != nil {
+		log.Fatal(err)
+	}
 }

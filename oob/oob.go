@@ -53,9 +53,10 @@ type Config struct {
 	RetryCount    int
 	RNRRetryCount int
 	// ResponderResources and InitiatorDepth bound the RDMA reads and
-	// atomics in flight that the QP answers and issues (default 1 each, at
-	// most the device's MaxQPRdAtom and MaxQPInitRdAtom). The peer's
-	// InitiatorDepth must not exceed this side's ResponderResources.
+	// atomics in flight that the QP answers and issues: 1 to 255, default 1
+	// each (unlike rdmacm's, negative is refused), at most the device's
+	// MaxQPRdAtom and MaxQPInitRdAtom. The peer's InitiatorDepth must not
+	// exceed this side's ResponderResources.
 	ResponderResources int
 	InitiatorDepth     int
 	// TOS is the traffic class of the QP's GRH (zero: 0).

@@ -595,7 +595,8 @@ func RemoteBufferOf(mr *verbs.MR, off, n int) RemoteBuffer {
 // PostRecv posts a receive of up to n bytes into mr at off. Post receives
 // before the peer sends: on RoCE a SEND without a posted receive waits for
 // one (RNR) and fails after the RNR retries; on iWARP it ends the
-// connection.
+// connection; on UD (UDConn, MulticastConn) the datagram is dropped
+// without a trace.
 //
 // The receive's completion, which Recv returns, names its buffer: its ID
 // is the buffer's address, mr.Addr()+off, so the message is at offset

@@ -31,7 +31,9 @@ func DialUD(ctx context.Context, address string) (*UDConn, error) {
 //
 // Errors are *OpError and match ErrAddrResolution, ErrRouteResolution,
 // ErrUnreachable, ErrRejected (with a *RejectedError carrying the peer's
-// status and private data), ErrConnect, ErrTimeout or the context's error.
+// status and private data), ErrConnect, ErrTimeout, ErrPrivateDataTooLong,
+// ErrNoResources (this host could not make the connection's CQ, QP or PD)
+// or the context's error.
 func (d *Dialer) Dial(ctx context.Context, address string) (*Conn, error) {
 	c, err := d.dial(ctx, verbs.QPTypeRC, address)
 	if err != nil {

@@ -31,13 +31,19 @@ func Example() {
 			log.Fatal(err)
 		}
 		fmt.Printf("request from %v: %q\n", req.Remote, req.PrivateData)
-		conn, err := req.Accept(ctx, []byte("welcome"))
+		// The receive is posted before the accept goes out: the client
+		// may send as soon as it is connected.
+		var mr *verbs.MR
+		conn, err := req.AcceptWith(ctx, []byte("welcome"), func(s rdmacm.Setup) (err error) {
+			if mr, err = s.RegisterMemory(4096, verbs.AccessLocalWrite); err != nil {
+				return err
+			}
+			return s.PostRecv(mr, 0, 4096)
+		})
 		if err != nil {
 			log.Fatal(err)
 		}
 		defer conn.Close()
-		mr, _ := conn.RegisterMemory(4096, verbs.AccessLocalWrite)
-		conn.PostRecv(mr, 0, 4096) // before the peer sends
 		wc, err := conn.Recv(ctx)
 		if err != nil {
 			log.Fatal(err)
@@ -57,7 +63,10 @@ func Example() {
 	}
 	defer conn.Close()
 	fmt.Println("connected:", conn.Route(), "server said", string(conn.PeerPrivateData()))
-	mr, _ := conn.RegisterMemory(4096, verbs.AccessLocalWrite)
+	mr, err := conn.RegisterMemory(4096, verbs.AccessLocalWrite)
+	if err != nil {
+		log.Fatal(err)
+	}
 	n := copy(mr.Bytes(), "ping")
 	if err := conn.Send(ctx, mr, 0, n); err != nil {
 		log.Fatal(err)
@@ -196,20 +205,36 @@ func ExampleListenConfig_sharedCQ() {
 // A UD client reaches a UD listener through the CM, then sends it a
 // datagram; the listener answers the sender of each datagram it receives.
 func ExampleDialer_DialUD() {
-	ctx := context.Background()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	// A datagram that finds no posted receive is dropped without a trace:
+	// each side posts its receive before the other can send.
+	post := func(s rdmacm.Setup) (*verbs.MR, error) {
+		mr, err := s.RegisterMemory(4096, verbs.AccessLocalWrite)
+		if err != nil {
+			return nil, err
+		}
+		return mr, s.PostRecv(mr, 0, verbs.GRHSize+1024) // a datagram lands after the GRH
+	}
 	l, err := rdmacm.ListenUD("10.10.0.1:7471")
 	if err != nil {
 		log.Fatal(err)
 	}
 	defer l.Close()
 	go func() {
-		ep, err := l.Accept(ctx)
+		req, err := l.Request(ctx)
+		if err != nil {
+			log.Fatal(err)
+		}
+		var mr *verbs.MR
+		ep, err := req.AcceptWith(ctx, nil, func(s rdmacm.Setup) (err error) {
+			mr, err = post(s)
+			return err
+		})
 		if err != nil {
 			log.Fatal(err)
 		}
 		defer ep.Close()
-		mr, _ := ep.RegisterMemory(verbs.GRHSize+1024, verbs.AccessLocalWrite)
-		ep.PostRecv(mr, 0, verbs.GRHSize+1024) // a datagram lands after the GRH
 		wc, err := ep.Recv(ctx)
 		if err != nil {
 			log.Fatal(err)
@@ -218,21 +243,30 @@ func ExampleDialer_DialUD() {
 		if err != nil {
 			log.Fatal(err)
 		}
-		ep.SendTo(ctx, mr, verbs.GRHSize, int(wc.ByteLen)-verbs.GRHSize, from) // echo
+		if err := ep.SendTo(ctx, mr, verbs.GRHSize, int(wc.ByteLen)-verbs.GRHSize, from); err != nil { // echo
+			log.Fatal(err)
+		}
 	}()
 
-	var d rdmacm.Dialer
+	var mr *verbs.MR
+	d := rdmacm.Dialer{ConnConfig: rdmacm.ConnConfig{BeforeConnect: func(s rdmacm.Setup) (err error) {
+		mr, err = post(s) // for the echo
+		return err
+	}}}
 	ep, err := d.DialUD(ctx, "10.10.0.1:7471")
 	if err != nil {
 		log.Fatal(err)
 	}
 	defer ep.Close()
-	mr, _ := ep.RegisterMemory(verbs.GRHSize+1024, verbs.AccessLocalWrite)
-	ep.PostRecv(mr, 0, verbs.GRHSize+1024) // for the echo
-	n := copy(mr.Bytes()[verbs.GRHSize:], "ping")
-	if err := ep.SendTo(ctx, mr, verbs.GRHSize, n, ep.Peer()); err != nil {
+	n := copy(mr.Bytes()[2048:], "ping")
+	if err := ep.SendTo(ctx, mr, 2048, n, ep.Peer()); err != nil {
 		log.Fatal(err)
 	}
+	wc, err := ep.Recv(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("echoed %q\n", mr.Bytes()[verbs.GRHSize:wc.ByteLen])
 }
 
 // Many connections set up from one goroutine on the thin layer, one step

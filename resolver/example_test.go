@@ -1,7 +1,10 @@
 package resolver_test
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"log"
 	"net/netip"
 
 	"github.com/rdmago/rdmago/resolver"
@@ -36,4 +39,23 @@ func ExampleSelectGID() {
 	//   not 0: belongs to netdev eth0; the route leaves by eth0.100
 	//   not 1: holds ::ffff:10.0.0.1, not the source address fe80::1%eth0.100
 	// resolver: rxe0 port 1: source 10.0.0.1, egress netdev eth0.100, RoCE v2: the source address is not on the netdev the route leaves by: 10.0.0.1 belongs to eth0 but the route leaves by eth0.100 (the kernel CM fails this with ADDR_ERROR -ENODEV); add a route via eth0, or use a source address on eth0.100
+}
+
+// The path to a peer as the kernel CM would take it, and why; a loopback
+// destination has none.
+func ExampleResolve() {
+	ctx := context.Background()
+	path, err := resolver.Resolve(ctx, netip.MustParseAddr("10.10.0.2"), resolver.Options{})
+	if err != nil {
+		var re *resolver.ResolveError
+		if errors.As(err, &re) {
+			fmt.Print(re.Path.Explain()) // what was decided before it failed
+		}
+		log.Fatal(err)
+	}
+	fmt.Printf("%s port %d, GID index %d (%v), path MTU %v\n", path.Device, path.Port, path.GIDIndex, path.GIDType, path.PathMTU)
+	fmt.Print(path.Explain())
+
+	_, err = resolver.Resolve(ctx, netip.MustParseAddr("127.0.0.1"), resolver.Options{})
+	fmt.Println(errors.Is(err, resolver.ErrLoopback))
 }

@@ -89,7 +89,10 @@ func borrowDevice(c *ibv.Context) *Device {
 	return &Device{Info: deviceInfoOf(c.Info), ctx: c, borrowed: true}
 }
 
-// Close releases the device, ending its Events channel first.
+// Close releases the device, ending its Events channel first. With PDs or
+// CQs made from it still open it refuses (EBUSY), and the device stays
+// usable: close them first. A device that a connection or
+// rdmacm.OpenDevice handed out is librdmacm's: its Close does nothing.
 func (d *Device) Close() error {
 	if err := d.inUse(); err != nil {
 		return err // before the event reader is stopped: the device stays whole

@@ -231,6 +231,12 @@ func (q *QP) closedError(op string) error {
 // PostSend posts send work requests as one batch: from Go on rxe and siw,
 // otherwise in one crossing into C (see the package documentation). SGE
 // addresses must be registered memory ([MR.SGE]), never the Go heap.
+//
+// A request the QP cannot carry (checked in Go first: the opcode for the
+// QP type and transport, a UD send's AH, an atomic's 8 aligned bytes)
+// fails the call with nothing posted. When the provider takes only part
+// of the batch, the error wraps a [*PostError] (errors.As): its first
+// Posted requests were posted and will complete; post again from there.
 func (q *QP) PostSend(wrs ...SendWR) error {
 	if len(wrs) == 0 {
 		return nil
@@ -377,7 +383,8 @@ func (q *QP) tooLong(op string, i, n int, bytes uint64) error {
 		Hint:   fmt.Sprintf("its SGEs add up to %d bytes; a work request carries at most 4 GiB - 1 (and the device's MaxMsgSize)", bytes)}
 }
 
-// PostRecv posts receive work requests as one batch, as PostSend does.
+// PostRecv posts receive work requests as one batch, as PostSend does; a
+// batch taken only in part fails with a [*PostError] too.
 func (q *QP) PostRecv(wrs ...RecvWR) error {
 	if len(wrs) == 0 {
 		return nil

@@ -37,8 +37,14 @@ func Example() {
 	}
 	defer c.Close()
 	c.SetDeadline(time.Now().Add(5 * time.Second))
-	io.WriteString(c, "hello over RDMA")
-	c.(*stream.Conn).CloseWrite()
+	if _, err := io.WriteString(c, "hello over RDMA"); err != nil {
+		fmt.Println(err)
+		return
+	}
+	if err := c.(*stream.Conn).CloseWrite(); err != nil { // the server's io.Copy ends
+		fmt.Println(err)
+		return
+	}
 	b, err := io.ReadAll(c)
 	fmt.Printf("%s %v\n", b, err)
 }
