@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/rdmago/rdmago/test/testbed/internal/agent"
 )
@@ -102,6 +103,18 @@ func (c *Cmd) Start() error {
 			select {
 			case <-c.ctx.Done():
 				_ = c.Signal(syscall.SIGKILL)
+				t := time.NewTimer(killGrace)
+				defer t.Stop()
+				select {
+				case <-c.done:
+				case <-t.C:
+					// No end reported for a killed command: the guest is
+					// wedged (a task in uninterruptible sleep, a lockup).
+					// Fail the command with the console, and stop the guest.
+					c.finish(-1, true, fmt.Sprintf("the guest did not report the end of %s within %v of killing it; "+
+						"it is stopped. Its console:\n%s", c.Args[0], killGrace, g.consoleTail(40)))
+					g.stop()
+				}
 			case <-c.done:
 			}
 		}()
@@ -109,9 +122,15 @@ func (c *Cmd) Start() error {
 	return nil
 }
 
-func (c *Cmd) finish(code int, msg string) {
+// killGrace is how long a killed command's end may take to be reported
+// before its guest is taken for wedged.
+const killGrace = 10 * time.Second
+
+// finish records the command's end once; lost: the guest died (or was
+// stopped) under it.
+func (c *Cmd) finish(code int, lost bool, msg string) {
 	c.once.Do(func() {
-		c.code, c.msg = code, msg
+		c.code, c.lost, c.msg = code, lost, msg
 		close(c.done)
 	})
 }

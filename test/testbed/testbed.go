@@ -421,7 +421,7 @@ func (g *Guest) read() {
 			g.mu.Lock()
 			delete(g.cmds, m.ID)
 			g.mu.Unlock()
-			c.finish(m.Code, m.Err)
+			c.finish(m.Code, false, m.Err)
 		}
 	}
 	g.lost(err)
@@ -444,8 +444,7 @@ func (g *Guest) lost(err error) {
 	g.cmds = map[uint64]*Cmd{}
 	g.mu.Unlock()
 	for _, c := range cmds {
-		c.lost = !closed
-		c.finish(-1, err.Error())
+		c.finish(-1, !closed, err.Error())
 	}
 }
 

@@ -4,7 +4,7 @@
 # kernel linux-image-amd64 depends on). Safe to run every time: a ready host
 # costs one dpkg-query. Arguments name more packages (make bench's perf).
 set -euo pipefail
-pkgs="qemu-system-x86 busybox-static kmod cpio xz-utils zstd gcc make util-linux
+pkgs="qemu-system-x86 busybox-static kmod cpio xz-utils zstd gcc libc6-dev make util-linux
 	rdma-core ibverbs-providers ibverbs-utils rdmacm-utils perftest librdmacm-dev libibverbs-dev iproute2 $*"
 missing=
 for p in $pkgs; do
@@ -12,10 +12,14 @@ for p in $pkgs; do
 done
 sudo=
 [ "$(id -u)" = 0 ] || sudo=sudo
+# Lists are fresh when they name a kernel and were fetched within a day:
+# the security archive keeps only its newest kernel, so a candidate taken
+# from old lists may no longer download (a cold test bed cache needs it).
 lists_ok() {
 	local policy
 	policy=$(apt-cache policy linux-image-amd64 2>/dev/null || true)
-	[[ $policy == *"Candidate: "[0-9]* ]]
+	[[ $policy == *"Candidate: "[0-9]* ]] &&
+		[ -n "$(find /var/lib/apt/lists -maxdepth 1 -name '*Release' -mmin -1440 2>/dev/null | head -n1)" ]
 }
 if [ -n "${missing// /}" ] || ! lists_ok; then
 	echo "deps: apt-get update" >&2

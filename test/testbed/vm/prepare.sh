@@ -22,26 +22,29 @@ die() { echo "testbed: error: $*" >&2; exit 1; }
 
 exec 9>"$cache/.lock"
 flock 9
+# What an interrupted run left (its EXIT trap never ran under SIGKILL).
+rm -rf "$cache"/.work.* "$cache"/.initramfs.*
 
 # Modules the guest loads after switching root (dependencies are added below).
 guest_modules="crc32_generic crc32c_generic virtio_net virtio_console rdma_rxe rdma_ucm ib_uverbs ib_umad veth dummy 8021q macvlan bonding"
 # Modules the initramfs needs to mount the host's file system over 9p.
 initrd_modules="virtio_pci 9pnet_virtio 9p overlay"
 
-# Which kernel: the one linux-image-amd64 depends on today. Without package lists
-# (offline, or apt-get update never ran) fall back to the last prepared kernel.
-pkg=$(apt-cache depends linux-image-amd64 2>/dev/null | sed -n 's/^ *Depends: \(linux-image-[0-9].*\)$/\1/p' | head -n1 || true)
-if [ -z "$pkg" ]; then
-	if [ -e "$cache/current/ready" ]; then
-		readlink -f "$cache/current"
-		exit 0
-	fi
-	die "cannot tell which kernel linux-image-amd64 depends on: run 'apt-get update' first"
+# Which kernel: a prepared one if the cache has it (a kernel update in the
+# package lists does not rebuild the test bed, nor pull assets from under a
+# guest that runs), else the one linux-image-amd64 depends on today.
+# RDMAGO_TESTBED_REFRESH=1 takes today's even when one is prepared.
+if [ -e "$cache/current/ready" ] && [ "${RDMAGO_TESTBED_REFRESH:-}" != 1 ]; then
+	out=$(readlink -f "$cache/current")
+	kver=$(cat "$out/kver")
+else
+	pkg=$(apt-cache depends linux-image-amd64 2>/dev/null | sed -n 's/^ *Depends: \(linux-image-[0-9].*\)$/\1/p' | head -n1 || true)
+	[ -n "$pkg" ] || die "cannot tell which kernel linux-image-amd64 depends on: run 'apt-get update' first"
+	kver=${pkg#linux-image-}
+	version=$(apt-cache policy "$pkg" | sed -n 's/^ *Candidate: //p')
+	[ -n "$version" ] && [ "$version" != "(none)" ] || die "no candidate version for $pkg"
+	out="$cache/$kver-$version"
 fi
-kver=${pkg#linux-image-}
-version=$(apt-cache policy "$pkg" | sed -n 's/^ *Candidate: //p')
-[ -n "$version" ] && [ "$version" != "(none)" ] || die "no candidate version for $pkg"
-out="$cache/$kver-$version"
 
 if [ ! -e "$out/ready" ]; then
 	say "preparing guest kernel $kver ($version) in $out (first run only)"
@@ -54,7 +57,7 @@ if [ ! -e "$out/ready" ]; then
 	debs="linux-image-$kver linux-headers-$kver linux-headers-${kver%-$flavour}-common linux-kbuild-$series linux-source-$series"
 	say "downloading $(echo $debs | wc -w) kernel packages (about 220 MB)"
 	(cd "$work" && for d in $debs; do apt-get download -q "$d=$version" >/dev/null 2>&1 || apt-get download "$d=$version"; done) \
-		|| die "apt-get download failed for: $debs"
+		|| die "apt-get download failed for: $debs (the package lists may name a kernel the archive no longer has: run 'sudo apt-get update')"
 	say "unpacking"
 	mkdir -p "$work/root"
 	for f in "$work"/*.deb; do dpkg-deb -x "$f" "$work/root"; done

@@ -44,6 +44,7 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	context.AfterFunc(ctx, stop) // a second signal ends rdmavm at once
 	var opts testbed.Options
 	var err error
 	code := 0
