@@ -646,6 +646,9 @@ func (c *ID) multicast(op string, group netip.Addr, call func(netip.Addr, uint32
 	if err != nil {
 		oe := c.fail(op, err)
 		oe.Remote = netip.AddrPortFrom(group, 0)
+		if _, bound := c.h.Transport(); !bound && errors.Is(err, syscall.EINVAL) {
+			oe.Hint = "the id is bound to no RDMA device: resolve the group's address first (ResolveAddr), as the kernel CM needs the device"
+		}
 		return oe
 	}
 	c.qpMu.Lock()

@@ -195,6 +195,14 @@ func TestIDCloseLeavesItsGroups(t *testing.T) {
 	}
 	require.NoError(t, id.LeaveMulticast(left))
 	require.NoError(t, id.Close(), "still in %v", kept)
+
+	// An id bound to no device cannot join: the error says what comes first.
+	unbound, err := rdmacm.NewID(rdmacm.PortSpaceUDP)
+	require.NoError(t, err)
+	defer unbound.Close()
+	err = unbound.JoinMulticast(kept)
+	assert.ErrorIs(t, err, syscall.EINVAL)
+	assert.ErrorContains(t, err, "resolve the group's address first")
 }
 
 // Calls the CM refuses, and calls on a closed id, fail with errors that say
