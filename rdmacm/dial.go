@@ -64,8 +64,11 @@ func (d *Dialer) dial(ctx context.Context, t verbs.QPType, address string) (*con
 	// chose for the id, from the same range as the kernel's own TCP ports
 	// but without looking at them: a port held by a TCP socket (one in
 	// TIME_WAIT after an ordinary TCP client closed, say) makes it fail
-	// with EADDRINUSE. The dial then tries again on a new id, keeping the
-	// failed ones until it is over so that the CM picks another port.
+	// with EADDRINUSE, and one whose connection to the same peer address
+	// and port is still in TIME_WAIT (an earlier iWARP connection on the
+	// same port pair) with EADDRNOTAVAIL at the TCP connect. The dial then
+	// tries again on a new id, keeping the failed ones until it is over so
+	// that the CM picks another port.
 	var failed []*connector
 	defer func() {
 		for _, f := range failed {
@@ -81,7 +84,10 @@ func (d *Dialer) dial(ctx context.Context, t verbs.QPType, address string) (*con
 		if err == nil {
 			return conn, nil
 		}
-		if !c.e.iwarp || !errors.Is(err, syscall.EADDRINUSE) || len(failed) == iwarpPortTries-1 || ctx.Err() != nil {
+		var oe *OpError
+		taken := errors.Is(err, syscall.EADDRINUSE) ||
+			errors.Is(err, syscall.EADDRNOTAVAIL) && errors.As(err, &oe) && oe.Op == "connect"
+		if !c.e.iwarp || !taken || len(failed) == iwarpPortTries-1 || ctx.Err() != nil {
 			c.Close()
 			return nil, err
 		}
