@@ -40,22 +40,10 @@ func tcpPair(t *testing.T, d device) (client, server net.Conn) {
 // the caller closes them.
 func overTCP(t *testing.T, d device, cfg *oob.Config) (client, server *oob.Conn) {
 	t.Helper()
-	ctx := ctxFor(t, 20*time.Second)
-	a, b := tcpPair(t, d)
-	type result struct {
-		c   *oob.Conn
-		err error
-	}
-	served := make(chan result, 1)
-	go func() {
-		c, err := oob.Connect(ctx, b, cfg)
-		served <- result{c, err}
-	}()
-	client, err := oob.Connect(ctx, a, cfg)
-	require.NoError(t, err)
-	r := <-served
-	require.NoError(t, r.err)
-	return client, r.c
+	client, server, cerr, serr := connectBoth(t, d, cfg, cfg)
+	require.NoError(t, cerr)
+	require.NoError(t, serr)
+	return client, server
 }
 
 func TestOOBConnect(t *testing.T) {
