@@ -49,6 +49,9 @@ func Example() {
 			log.Fatal(err)
 		}
 		fmt.Printf("received %q\n", mr.Bytes()[:wc.ByteLen])
+		// The client closes first: a disconnect from here could flush its
+		// send before the ACK reaches it, and its Send would fail.
+		<-conn.Done()
 	}()
 
 	// Client.

@@ -59,7 +59,17 @@ func serveOne(ctx context.Context, l *rdmacm.Listener) error {
 	}
 	msg := mr.Bytes()[:wc.ByteLen]
 	copy(msg, bytes.ToUpper(msg))
-	return conn.Send(ctx, mr, 0, len(msg))
+	if err := conn.Send(ctx, mr, 0, len(msg)); err != nil {
+		return err
+	}
+	// Let the client close first: a disconnect flushes what the peer's QP
+	// has not seen acknowledged yet, and the ACK of its message may still
+	// be on its way to it.
+	select {
+	case <-conn.Done():
+	case <-ctx.Done():
+	}
+	return nil
 }
 
 // ask sends msg to the server at addr ("10.0.0.1:7471") and returns its answer.
