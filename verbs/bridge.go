@@ -16,8 +16,10 @@ func init() {
 	vbridge.CQ = func(cq any) *ibv.CQ { return cq.(*CQ).handle() }
 	vbridge.AH = func(ah any) *ibv.AH {
 		a := ah.(*AH)
-		a.closeMu.RLock()
-		defer a.closeMu.RUnlock()
+		if !a.enter() {
+			return nil
+		}
+		defer a.leave()
 		return a.ah
 	}
 	vbridge.Device = func(c *ibv.Context) any { return borrowDevice(c) }

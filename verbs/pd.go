@@ -3,6 +3,7 @@ package verbs
 import (
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -151,12 +152,31 @@ func (m *MR) Close() error {
 
 // AH is an address handle for UD sends (struct ibv_ah).
 type AH struct {
-	pd *PD
-	// closeMu is held for writing by Close, for reading by a post that
-	// names the AH, so that it is not destroyed under the post.
-	closeMu sync.RWMutex
-	ah      *ibv.AH
+	pd      *PD
+	closeMu sync.Mutex // Close against Close
+	// posts counts the posts naming the AH; Close sets closing, then waits
+	// for posts to drain before it destroys the AH, so that it is not
+	// freed under the provider's read. Atomics, not a lock: a post that
+	// locked the AH would make the escape analysis heap-allocate every
+	// caller's SGEs.
+	posts   atomic.Int32
+	closing atomic.Bool
+	// ah is nil once closed. Read only between enter and leave (or under
+	// closeMu): Close writes it once posts have drained.
+	ah *ibv.AH
 }
+
+// enter counts a post that names the AH, unless it is closing.
+func (a *AH) enter() bool {
+	a.posts.Add(1)
+	if a.closing.Load() {
+		a.posts.Add(-1)
+		return false
+	}
+	return true
+}
+
+func (a *AH) leave() { a.posts.Add(-1) }
 
 // CreateAH creates an address handle. On RoCE the kernel resolves the
 // destination MAC here (by route and neighbour lookup from the source GID's
@@ -209,10 +229,16 @@ func (p *PD) AHAttrFromWC(port int, wc WorkCompletion, grh []byte) (AHAttr, erro
 func (a *AH) Close() error {
 	a.closeMu.Lock()
 	defer a.closeMu.Unlock()
-	if a.ah == nil {
+	h := a.ah
+	if h == nil {
 		return nil
 	}
-	if err := a.ah.Destroy(); err != nil {
+	a.closing.Store(true)
+	for a.posts.Load() != 0 {
+		runtime.Gosched() // a post in progress: it is one crossing long
+	}
+	if err := h.Destroy(); err != nil {
+		a.closing.Store(false)
 		return &OpError{Op: "ibv_destroy_ah", Device: a.pd.dev.Info.Name, Err: err}
 	}
 	a.ah = nil

@@ -1,15 +1,12 @@
 package verbs
 
 import (
-	"cmp"
 	"errors"
 	"fmt"
 	"math"
-	"slices"
 	"strings"
 	"sync"
 	"syscall"
-	"unsafe"
 
 	"github.com/rdmago/rdmago/internal/ibv"
 )
@@ -249,27 +246,28 @@ func (q *QP) PostSend(wrs ...SendWR) error {
 	return q.postSend(wrs)
 }
 
-// postSendHoldingAHs posts with the AHs the requests name held against
-// their Close, which would free them under the provider's read.
+// postSendHoldingAHs posts with the AHs the requests name counted as in
+// use, so that a Close on another goroutine does not free one under the
+// provider's read.
 func (q *QP) postSendHoldingAHs(wrs []SendWR) error {
-	var held []*AH
 	for i := range wrs {
-		if a := wrs[i].AH; a != nil && !slices.Contains(held, a) {
-			held = append(held, a)
+		if a := wrs[i].AH; a != nil && !a.enter() {
+			leaveAHs(wrs[:i])
+			return &OpError{Op: "ibv_post_send", Device: q.pd.dev.Info.Name, QPN: q.QPN, Err: syscall.EBADF,
+				Detail: fmt.Sprintf("work request %d of %d", i, len(wrs)), Hint: "its AH is closed; nothing was posted"}
 		}
 	}
-	// Once per AH, as a second read lock could wait behind a Close, and
-	// in one order for every post: two posts locking A, B and B, A could
-	// each wait behind the other's pending Close.
-	slices.SortFunc(held, func(a, b *AH) int { return cmp.Compare(uintptr(unsafe.Pointer(a)), uintptr(unsafe.Pointer(b))) })
-	for _, a := range held {
-		a.closeMu.RLock()
-	}
 	err := q.postSend(wrs)
-	for _, a := range held {
-		a.closeMu.RUnlock()
-	}
+	leaveAHs(wrs)
 	return err
+}
+
+func leaveAHs(wrs []SendWR) {
+	for i := range wrs {
+		if a := wrs[i].AH; a != nil {
+			a.leave()
+		}
+	}
 }
 
 func (q *QP) postSend(wrs []SendWR) error {
@@ -298,11 +296,12 @@ func (q *QP) postSend(wrs []SendWR) error {
 			NumSGE: uint32(len(w.SGEs)), RemoteAddr: w.RemoteAddr, RKey: w.RKey, CompareAdd: w.CompareAdd,
 			Swap: w.Swap, RemoteQPN: w.RemoteQPN, RemoteQKey: w.RemoteQKey}
 		if w.AH != nil {
-			if w.AH.ah == nil {
+			h := w.AH.ah // entered by postSendHoldingAHs: Close waits
+			if h == nil {
 				return &OpError{Op: "ibv_post_send", Device: q.pd.dev.Info.Name, QPN: q.QPN, Err: syscall.EBADF,
 					Detail: fmt.Sprintf("work request %d of %d", i, len(wrs)), Hint: "its AH is closed"}
 			}
-			d.SetAH(w.AH.ah)
+			d.SetAH(h)
 		}
 		n, bytes := copySGEs(sges[s:], w.SGEs)
 		if err := q.tooLong("ibv_post_send", i, len(wrs), bytes); err != nil {

@@ -376,7 +376,15 @@ func TestPostAndPollAllocateNothing(t *testing.T) {
 			failure = err
 			return
 		}
-		for _, cq := range []*verbs.CQ{a.cq, b.cq} {
+		// Built at the call, as callers do: the request and its SGEs stay
+		// on the caller's stack only while PostSend lets nothing of them
+		// escape (an AH lock once made every post allocate).
+		if err := a.qp.PostSend(verbs.SendWR{ID: 3, Opcode: verbs.OpRDMAWrite, Flags: verbs.SendSignaled,
+			SGEs: []verbs.SGE{a.mr.SGE(0, 64)}, RemoteAddr: b.mr.Addr() + 1024, RKey: b.mr.RKey}); err != nil {
+			failure = err
+			return
+		}
+		for _, cq := range []*verbs.CQ{a.cq, a.cq, b.cq} {
 			for deadline := time.Now().Add(5 * time.Second); ; {
 				n, err := cq.Poll(wcs[:1])
 				if err != nil || n == 1 && wcs[0].Status != verbs.WCSuccess {
