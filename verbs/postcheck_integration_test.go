@@ -74,14 +74,7 @@ func TestPostRefusesWhatTheQPCannotCarry(t *testing.T) {
 // request is refused saying so, not with a bare EINVAL whose hint blamed
 // the QP's state.
 func TestPostRefusesImmediateDataOnIWARP(t *testing.T) {
-	siw := testbed.Require(t).MustDevice(t, "siw0")
-	checkNoLeaks(t)
-	dev, err := verbs.Open(siw.Name)
-	require.NoError(t, err)
-	t.Cleanup(func() { dev.Close() })
-	pd, err := dev.AllocPD()
-	require.NoError(t, err)
-	t.Cleanup(func() { assert.NoError(t, pd.Close()) })
+	dev, pd := openSIW(t)
 	e := newEndpoint(t, dev, pd, verbs.QPTypeRC)
 	for op, want := range map[verbs.Opcode]string{
 		verbs.OpRDMAWriteWithImm: "iWARP has no immediate data: RDMA_WRITE_WITH_IMM",

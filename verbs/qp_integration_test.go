@@ -278,6 +278,21 @@ func openRXE(t *testing.T) (dev *verbs.Device, pd *verbs.PD, port verbs.PortAttr
 	return dev, pd, port, verbs.GIDFromIP(netip.MustParseAddr(rxe.IPv4)), gidIndexFor(t, dev, rxe.IPv4, rxe.Netdev)
 }
 
+// openSIW opens siw0 and a PD on it, both closed at the test's end
+// (the device last: it refuses to close under an open PD or CQ).
+func openSIW(t *testing.T) (*verbs.Device, *verbs.PD) {
+	t.Helper()
+	siw := testbed.Require(t).MustDevice(t, "siw0")
+	checkNoLeaks(t)
+	dev, err := verbs.Open(siw.Name)
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, dev.Close()) })
+	pd, err := dev.AllocPD()
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, pd.Close()) })
+	return dev, pd
+}
+
 func TestUCByHandOnRXE(t *testing.T) {
 	checkNoLeaks(t)
 	a, b := pairOnRXE(t, verbs.QPTypeUC, 7, 9)
@@ -335,15 +350,7 @@ func TestUDOnRXE(t *testing.T) {
 }
 
 func TestManualTransitionsRefusedOnSIW(t *testing.T) {
-	topo := testbed.Require(t)
-	siw := topo.MustDevice(t, "siw0")
-	checkNoLeaks(t)
-	dev, err := verbs.Open(siw.Name)
-	require.NoError(t, err)
-	t.Cleanup(func() { dev.Close() })
-	pd, err := dev.AllocPD()
-	require.NoError(t, err)
-	t.Cleanup(func() { assert.NoError(t, pd.Close()) })
+	dev, pd := openSIW(t)
 	e := newEndpoint(t, dev, pd, verbs.QPTypeRC)
 	steps, err := verbs.QPSetup{Type: verbs.QPTypeRC, Port: 1, Remote: verbs.Remote{QPN: e.qp.QPN},
 		PathAttr: verbs.PathAttr{LocalActiveMTU: verbs.MTU1024}}.Steps()
