@@ -91,3 +91,24 @@ func TestACrashedGuestsConsoleIsReportedOnce(t *testing.T) {
 	assert.NotContains(t, report, "--- guest console")
 	assert.Contains(t, report, "Kernel panic - not syncing: Fatal exception\n--- end of guest kernel log ---\n")
 }
+
+// A passing run's kernel log is searched for the kernel's reports: each is
+// returned whole, from its headline to its end-trace line, and a clean log
+// gives none.
+func TestKernelReportsFindsEachReport(t *testing.T) {
+	assert.Empty(t, KernelReports(strings.Join(numbered("[    1.000000] siw: line", 50), "\n")))
+
+	warn := []string{"[   12.1] ------------[ cut here ]------------",
+		"[   12.1] WARNING: CPU: 0 PID: 311 at drivers/infiniband/sw/siw/siw_qp.c:1234 siw_qp_modify+0x10/0x20 [siw]",
+		"[   12.1] Call Trace:", "[   12.1]  <TASK>", "[   12.1]  </TASK>", "[   12.1] ---[ end trace 0000000000000000 ]---"}
+	hung := "[  250.0] INFO: task soak:412 blocked for more than 120 seconds."
+	lines := append(numbered("before", 10), warn...)
+	lines = append(lines, "after the warning")
+	lines = append(lines, hung)
+	lines = append(lines, numbered("trace", maxReportLines+5)...)
+	reports := KernelReports(strings.Join(lines, "\n"))
+	require.Len(t, reports, 2)
+	assert.Equal(t, strings.Join(warn, "\n"), reports[0], "one report from cut here to end trace, WARNING inside it")
+	assert.True(t, strings.HasPrefix(reports[1], hung), reports[1])
+	assert.Len(t, strings.Split(reports[1], "\n"), maxReportLines, "a report without an end trace is bounded")
+}

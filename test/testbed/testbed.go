@@ -477,6 +477,50 @@ func KernelLogTail(log string, n int) string {
 // oopsHeadlines open a kernel's report of a panic, BUG, oops or warning.
 var oopsHeadlines = []string{"Kernel panic", "BUG:", "kernel BUG at", "------------[ cut here ]", "Oops:", "general protection fault"}
 
+// reportHeadlines open a report that KernelReports returns: oopsHeadlines,
+// a warning without its "cut here" line, and the hung-task detector's.
+var reportHeadlines = append([]string{"WARNING: CPU:", "blocked for more than"}, oopsHeadlines...)
+
+// maxReportLines bounds one report: a call trace is some tens of lines.
+const maxReportLines = 60
+
+// KernelReports returns the reports of a panic, BUG, oops, warning or hung
+// task in a kernel log, each from its headline to its "end trace" line (or
+// maxReportLines). A run that passed while the kernel reported one has met a
+// kernel defect, ours to work around or to report, and proves little.
+func KernelReports(log string) []string {
+	var reports []string
+	var cur []string
+	end := func() {
+		if cur != nil {
+			reports = append(reports, strings.Join(cur, "\n"))
+			cur = nil
+		}
+	}
+	for _, line := range strings.Split(log, "\n") {
+		if cur != nil && strings.Contains(line, "------------[ cut here ]") {
+			end()
+		}
+		if cur == nil {
+			for _, h := range reportHeadlines {
+				if strings.Contains(line, h) {
+					cur = []string{}
+					break
+				}
+			}
+			if cur == nil {
+				continue
+			}
+		}
+		cur = append(cur, line)
+		if strings.Contains(line, "---[ end trace") || len(cur) == maxReportLines {
+			end()
+		}
+	}
+	end()
+	return reports
+}
+
 func logTail(log string, n int) []string {
 	lines := strings.Split(strings.TrimRight(log, "\n"), "\n")
 	from := max(len(lines)-n, 0)

@@ -30,13 +30,22 @@ guest_modules="crc32_generic crc32c_generic virtio_net virtio_console rdma_rxe r
 # Modules the initramfs needs to mount the host's file system over 9p.
 initrd_modules="virtio_pci 9pnet_virtio 9p overlay"
 
+# A prepared kernel is kept only if this script prepared it: its hash is
+# the recipe, so a change to how siw or the modules are built rebuilds them.
+recipe=$(sha256sum "${BASH_SOURCE[0]}" | cut -c1-16)
+prepared() { [ -e "$1/ready" ] && [ "$(cat "$1/recipe" 2>/dev/null)" = "$recipe" ]; }
+
 # Which kernel: a prepared one if the cache has it (a kernel update in the
 # package lists does not rebuild the test bed, nor pull assets from under a
 # guest that runs), else the one linux-image-amd64 depends on today.
-# RDMAGO_TESTBED_REFRESH=1 takes today's even when one is prepared.
+# RDMAGO_TESTBED_REFRESH=1 takes today's even when one is prepared. A kernel
+# prepared by another version of this script is prepared again, the same
+# kernel version.
 if [ -e "$cache/current/ready" ] && [ "${RDMAGO_TESTBED_REFRESH:-}" != 1 ]; then
 	out=$(readlink -f "$cache/current")
 	kver=$(cat "$out/kver")
+	version=$(basename "$out")
+	version=${version#"$kver-"}
 else
 	pkg=$(apt-cache depends linux-image-amd64 2>/dev/null | sed -n 's/^ *Depends: \(linux-image-[0-9].*\)$/\1/p' | head -n1 || true)
 	[ -n "$pkg" ] || die "cannot tell which kernel linux-image-amd64 depends on: run 'apt-get update' first"
@@ -46,7 +55,10 @@ else
 	out="$cache/$kver-$version"
 fi
 
-if [ ! -e "$out/ready" ]; then
+if ! prepared "$out"; then
+	if [ -e "$out/ready" ]; then
+		say "the guest kernel in $out was prepared by another version of prepare.sh: preparing it again"
+	fi
 	say "preparing guest kernel $kver ($version) in $out (first run only)"
 	rm -rf "$out"
 	mkdir -p "$out"
@@ -99,6 +111,7 @@ if [ ! -e "$out/ready" ]; then
 		modprobe -d "$out/modules" -S "$kver" --show-depends "$m" | awk '$1 == "insmod" { print $2 }'
 	done | awk '!seen[$0]++' | sed "s|^$out/modules/||" >"$out/initrd-modules"
 	echo "$kver" >"$out/kver"
+	echo "$recipe" >"$out/recipe"
 	rm -rf "$work"
 	trap - EXIT
 	touch "$out/ready"

@@ -127,7 +127,18 @@ func execInGuest(ctx context.Context, opts testbed.Options, argv []string) (int,
 		}
 		return 1, nil
 	}
-	return 0, err
+	if err != nil {
+		return 0, err
+	}
+	if reports := testbed.KernelReports(g.KernelLog(ctx)); len(reports) > 0 {
+		fmt.Fprintf(os.Stderr, "rdmavm: %s exited 0, but the guest's kernel reported %d problem(s) while it ran; "+
+			"failing the run, since a pass beside a kernel bug or warning proves little:\n", filepath.Base(prog), len(reports))
+		for _, r := range reports {
+			fmt.Fprintf(os.Stderr, "--- guest kernel report ---\n%s\n--- end of guest kernel report ---\n", r)
+		}
+		return 1, nil
+	}
+	return 0, nil
 }
 
 // copyIntoGuest copies prog into the guest's memory (its /tmp is on the
