@@ -63,6 +63,10 @@ type rxeQP struct {
 	ssn              *uint32 // librxe's send sequence number, in its struct rxe_qp
 	state            *uint32 // struct ibv_qp's state, which libibverbs keeps
 	doorbell         func() syscall.Errno
+	// owed: a doorbell failed (rxe refuses it before RTS) and left its
+	// requests on the ring; the kernel does not look at them until the
+	// next doorbell, which the next post rings even if it queued nothing.
+	owed bool
 }
 
 // post queues the send requests d, whose SGEs follow each other in sges,
@@ -91,10 +95,14 @@ func (q *rxeQP) post(d []SendDesc, sges []SGE) (bad int, err error) {
 		s += n
 		queued++
 	}
-	if queued > 0 {
+	if queued > 0 || q.owed {
 		// librxe rings after every post, even an empty or failed one;
-		// with nothing queued there is nothing for the kernel to do.
-		if e := q.doorbell(); e != 0 && err == nil {
+		// with nothing queued there is nothing for the kernel to do,
+		// unless an earlier doorbell failed and left requests waiting
+		// (they may fill the queue, so that no post queues anything).
+		e := q.doorbell()
+		q.owed = e != 0
+		if e != 0 && err == nil {
 			err = e
 		}
 	}

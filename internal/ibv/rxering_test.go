@@ -155,11 +155,24 @@ func TestRXEPostSendRefusals(t *testing.T) {
 	assert.NoError(t, err, "a completion frees a slot")
 	assert.Equal(t, -1, bad)
 
+	ring := f.qp.doorbell
 	f.qp.doorbell = func() syscall.Errno { return syscall.EINVAL } // rxe before RTS
 	require.True(t, consume(f.qp.sq))
 	bad, err = f.qp.post(d[8:9], nil)
 	assert.ErrorIs(t, err, syscall.EINVAL)
 	assert.Equal(t, -1, bad)
+
+	// The failed doorbell left a full queue. In RTS the next post queues
+	// nothing (ENOMEM) but rings for the requests left, as librxe's does.
+	f.qp.doorbell = ring
+	rings := f.rings
+	bad, err = f.qp.post(d[:1], nil)
+	assert.ErrorIs(t, err, syscall.ENOMEM)
+	assert.Equal(t, 0, bad)
+	assert.Equal(t, rings+1, f.rings, "the owed doorbell rings though nothing was queued")
+	bad, err = f.qp.post(d[:1], nil)
+	assert.ErrorIs(t, err, syscall.ENOMEM)
+	assert.Equal(t, rings+1, f.rings, "owed no more: nothing queued, nothing rung")
 }
 
 func TestRXEPostRecv(t *testing.T) {
