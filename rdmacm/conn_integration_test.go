@@ -87,6 +87,24 @@ func TestDialAccept(t *testing.T) {
 	})
 }
 
+// A QP that librdmacm moved to RTS is checked from RTS when modified by
+// hand: a modify in place that RTS takes passes (it was refused as an
+// INIT→INIT one, the state the QP was adopted in), and one RTS does not
+// take names RTS.
+func TestModifyOfACMQPStartsFromItsState(t *testing.T) {
+	checkNoLeaks(t)
+	client, _ := pair(t, rxe(t), rdmacm.ConnConfig{})
+	qp := client.QP()
+	require.NoError(t, qp.Modify(&verbs.QPAttr{MinRNRTimer: 14}, verbs.AttrMinRNRTimer))
+	a, err := qp.Query(verbs.AttrMinRNRTimer)
+	require.NoError(t, err)
+	assert.Equal(t, verbs.RNRTimer(14), a.MinRNRTimer)
+	err = qp.Modify(&verbs.QPAttr{QKey: 1}, verbs.AttrQKey)
+	var te *verbs.TransitionError
+	require.ErrorAs(t, err, &te)
+	assert.Equal(t, verbs.Transition{From: verbs.QPStateRTS, To: verbs.QPStateRTS}, te.Transition)
+}
+
 // Settings that end up in the QP: ToS as the GRH traffic class, the ACK
 // timeout, and the RNR retry count the dialer asked for.
 func TestConnConfigReachesTheQP(t *testing.T) {

@@ -39,6 +39,7 @@ const (
 // migration state, QP access flags only, the target state matching the
 // transition. It returns a *[TransitionError] or an *[AttrError].
 func ValidateAttr(t QPType, from, to QPState, attr *QPAttr, mask AttrMask) error {
+	mask &^= KernelIgnored(t)
 	if err := Validate(t, from, to, mask); err != nil {
 		return err
 	}
@@ -134,10 +135,12 @@ type PortInfo struct {
 	// RemoteActiveMTU, when known, is the peer port's active MTU; the path
 	// MTU must fit both.
 	RemoteActiveMTU MTU
-	// MaxRdAtomic, when known (not 0), is the device's limit on the reads
-	// and atomics a QP may have outstanding as initiator
-	// (DeviceAttr.MaxQPInitRdAtom): the driver refuses a larger MaxRdAtomic.
-	MaxRdAtomic int
+	// MaxRdAtomic and MaxDestRdAtomic, when known (not 0), are the
+	// limits the drivers hold QPAttr.MaxRdAtomic and MaxDestRdAtomic to:
+	// DeviceAttr.MaxQPRdAtom and MaxQPInitRdAtom, in that order, as rxe
+	// (rxe_qp_chk_attr), mlx5 and bnxt_re compare them. A larger value is
+	// refused with EINVAL.
+	MaxRdAtomic, MaxDestRdAtomic int
 }
 
 // Kind is the port's kind (RoCE, InfiniBand, iWARP).
@@ -158,11 +161,13 @@ var ErrIWARPManual = errors.New("iWARP QPs are connected by the iWARP CM: the pr
 //   - iWARP: the CM moves the QP; a manual INIT→RTR or RTR→RTS is refused.
 //   - The kernel's bans the man page does not list: an alternate path
 //     (ALT_PATH) anywhere but on InfiniBand, an address vector into RTR
-//     whose port is not the QP's, and a MaxRdAtomic above the device's.
+//     whose port is not the QP's, a MaxRdAtomic or MaxDestRdAtomic above
+//     the device's, and a P_Key index outside the port's table.
 func ValidateForPort(t QPType, from, to QPState, attr *QPAttr, mask AttrMask, port PortInfo) error {
 	if err := ValidateAttr(t, from, to, attr, mask); err != nil {
 		return err
 	}
+	mask &^= KernelIgnored(t)
 	where := fmt.Sprintf("%v QP %v on %s port %d", t, Transition{from, to}, port.Device, port.Port)
 	if port.Kind() == KindIWARP && (to == QPStateRTR || to == QPStateRTS) && from != to && from != QPStateSQD && from != QPStateSQE {
 		return fmt.Errorf("verbs: %s: %w", where, ErrIWARPManual)
@@ -182,15 +187,23 @@ func ValidateForPort(t QPType, from, to QPState, attr *QPAttr, mask AttrMask, po
 	}
 	if k := port.Kind(); mask&AttrAltPath != 0 && (k == KindRoCE || k == KindIWARP) {
 		bad(AttrAltPath, "the kernel refuses alternate paths on %v: the core handles them (APM) for InfiniBand only "+
-			"(_ib_modify_qp, drivers/infiniband/core/verbs.c), though the man page lists ALT_PATH as optional", port.Kind())
+			"(_ib_modify_qp, drivers/infiniband/core/verbs.c), though the IBTA allows ALT_PATH there", port.Kind())
 	}
 	if mask&AttrAV != 0 && mask&AttrState != 0 && to == QPStateRTR && attr.AH.PortNum != 0 && int(attr.AH.PortNum) != port.Port {
 		bad(AttrAV, "AH.PortNum %d is not the QP's port %d: the kernel refuses it into RTR (uverbs' modify_qp)",
 			attr.AH.PortNum, port.Port)
 	}
 	if mask&AttrMaxQPRdAtomic != 0 && port.MaxRdAtomic > 0 && int(attr.MaxRdAtomic) > port.MaxRdAtomic {
-		bad(AttrMaxQPRdAtomic, "%d exceeds the device's limit of %d outstanding reads and atomics (max_qp_init_rd_atom): "+
-			"the driver refuses it (rxe_qp_chk_attr)", attr.MaxRdAtomic, port.MaxRdAtomic)
+		bad(AttrMaxQPRdAtomic, "%d exceeds the device's limit of %d (max_qp_rd_atom, which rxe_qp_chk_attr and mlx5 "+
+			"compare it with): the driver refuses it", attr.MaxRdAtomic, port.MaxRdAtomic)
+	}
+	if mask&AttrMaxDestRdAtomic != 0 && port.MaxDestRdAtomic > 0 && int(attr.MaxDestRdAtomic) > port.MaxDestRdAtomic {
+		bad(AttrMaxDestRdAtomic, "%d exceeds the device's limit of %d (max_qp_init_rd_atom, which mlx5 and bnxt_re "+
+			"compare it with): hardware drivers refuse it", attr.MaxDestRdAtomic, port.MaxDestRdAtomic)
+	}
+	if mask&AttrPKeyIndex != 0 && port.Attr.PKeyTableLen > 0 && int(attr.PKeyIndex) >= port.Attr.PKeyTableLen {
+		bad(AttrPKeyIndex, "P_Key index %d is outside the port's table of %d entries: hardware drivers (mlx5) refuse it, "+
+			"and on InfiniBand so does the core's P_Key check; index 0 holds the default P_Key", attr.PKeyIndex, port.Attr.PKeyTableLen)
 	}
 	if mask&AttrPathMTU != 0 && attr.PathMTU.Valid() {
 		if port.Attr.ActiveMTU.Valid() && attr.PathMTU > port.Attr.ActiveMTU {
@@ -207,14 +220,16 @@ func ValidateForPort(t QPType, from, to QPState, attr *QPAttr, mask AttrMask, po
 	return nil
 }
 
-// Warnings returns legal settings that usually surprise: an infinite ACK
-// timeout (a lost packet stalls the QP forever), zero retry counts (the first
-// loss or RNR fails the QP: useful to surface races during development, wrong
-// in production), and an infinite RNR retry paired with a receiver that never
-// posts.
+// Warnings returns legal settings of a QP that retransmits (RC, and an XRC
+// initiator) that usually surprise: an infinite ACK timeout (a lost packet
+// stalls the QP forever) and zero retry counts (the first loss or RNR fails
+// the QP: useful to surface races during development, wrong in production).
+// An infinite RNR retry (7) is no warning: it is what rdma_cm sets, and
+// waits for ever only on a receiver that never posts, which the QP's
+// settings cannot tell.
 func Warnings(t QPType, attr *QPAttr, mask AttrMask) []string {
 	var w []string
-	if t != QPTypeRC {
+	if t != QPTypeRC && t != QPTypeXRCSend {
 		return nil
 	}
 	if mask&AttrTimeout != 0 && attr.Timeout == ACKTimeoutInfinite {

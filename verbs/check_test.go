@@ -166,6 +166,7 @@ func TestWarnings(t *testing.T) {
 	rts = &QPAttr{State: QPStateRTS, Timeout: 14, RetryCount: 7, RNRRetry: 7}
 	assert.Empty(t, Warnings(QPTypeRC, rts, AttrTimeout|AttrRetryCount|AttrRNRRetry))
 	assert.Empty(t, Warnings(QPTypeUD, &QPAttr{}, AttrTimeout))
+	assert.Len(t, Warnings(QPTypeXRCSend, &QPAttr{}, AttrTimeout|AttrRetryCount), 2, "an XRC initiator retransmits as RC does")
 }
 
 // The seed's three example programs (RC, UC, UD to RTS), in Go.
@@ -275,4 +276,24 @@ func TestKernelAttrBans(t *testing.T) {
 	assert.NoError(t, ValidateForPort(QPTypeRC, QPStateRTR, QPStateRTS, rts, rtsMask, roce), "no limit known, no refusal")
 	rts.MaxRdAtomic = 128
 	assert.NoError(t, ValidateForPort(QPTypeRC, QPStateRTR, QPStateRTS, rts, rtsMask, limited), "the limit itself passes")
+
+	// MaxDestRdAtomic against max_qp_init_rd_atom (mlx5, bnxt_re).
+	a, m = validRTR()
+	a.MaxDestRdAtomic = 17
+	limited.MaxDestRdAtomic = 16
+	problem(t, ValidateForPort(QPTypeRC, QPStateInit, QPStateRTR, a, m|AttrMaxDestRdAtomic, limited), AttrMaxDestRdAtomic,
+		"17 exceeds the device's limit of 16 (max_qp_init_rd_atom")
+	assert.NoError(t, ValidateForPort(QPTypeRC, QPStateInit, QPStateRTR, a, m|AttrMaxDestRdAtomic, roce), "no limit known")
+	a.MaxDestRdAtomic = 16
+	assert.NoError(t, ValidateForPort(QPTypeRC, QPStateInit, QPStateRTR, a, m|AttrMaxDestRdAtomic, limited))
+
+	// A P_Key index outside the port's table.
+	init := &QPAttr{State: QPStateInit, PKeyIndex: 1, PortNum: 1, AccessFlags: AccessRemoteWrite | AccessLocalWrite}
+	initMask := AttrState | AttrPKeyIndex | AttrPort | AttrAccessFlags
+	onePKey := roce
+	onePKey.Attr.PKeyTableLen = 1
+	problem(t, ValidateForPort(QPTypeRC, QPStateReset, QPStateInit, init, initMask, onePKey), AttrPKeyIndex,
+		"P_Key index 1 is outside the port's table of 1 entries")
+	init.PKeyIndex = 0
+	assert.NoError(t, ValidateForPort(QPTypeRC, QPStateReset, QPStateInit, init, initMask, onePKey))
 }

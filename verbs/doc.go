@@ -8,10 +8,12 @@
 // [Validate] (the mask), [ValidateAttr] (encodable values: 24-bit PSNs and QP
 // numbers, 3-bit retry counts, 5-bit timer codes) and [ValidateForPort] (RoCE
 // without GRH, a GID index outside the table, a path MTU above the active MTU,
-// manual transitions on iWARP). Where Linux decides otherwise than the
-// ibv_modify_qp man page (no RESET→ERR, no alternate path outside
-// InfiniBand, …) the checks follow the kernel, and their errors say the rule
-// is the kernel's; an integration test holds them to rxe's answers.
+// manual transitions on iWARP, a P_Key index outside the table, reads and
+// atomics above the device's limits). Where Linux decides otherwise than the
+// IBTA tables (no RESET→ERR, no alternate path outside InfiniBand, XRC
+// attributes uverbs drops, …) the checks follow the kernel, and their errors
+// say the rule is the kernel's; an integration test holds them to rxe's
+// answers.
 // Timer attributes are codes, not durations:
 // [ACKTimeoutFor], [RNRTimerFor] and [MTUForNetdev] translate. [QPSetup] builds the
 // RESET→INIT→RTR→RTS steps for RC, UC and UD.

@@ -219,7 +219,7 @@ func TestModifyDriverBansOnRXE(t *testing.T) {
 
 	t.Run("max rd atomic", func(t *testing.T) {
 		lab.t = t
-		limit := da.MaxQPInitRdAtom
+		limit := da.MaxQPRdAtom // what rxe_qp_chk_attr compares with
 		if limit >= 255 {
 			t.Skipf("the device's limit %d fits in MaxRdAtomic's 8 bits", limit)
 		}
@@ -292,6 +292,22 @@ func TestModifyDriverBansOnRXE(t *testing.T) {
 		require.True(t, qa.SQDraining, "still draining after %v: the checks above saw a draining queue", time.Since(start))
 		attr = lab.attr(q.QPN, QPStateSQD, QPStateErr)
 		require.NoError(t, q.Modify(&attr, AttrState), "ERR is the way out while draining")
+	})
+
+	t.Run("a port the device lacks", func(t *testing.T) {
+		lab.t = t
+		q := newQP()
+		a := lab.attr(q.QPN, QPStateReset, QPStateInit)
+		a.PortNum = 2
+		row, _ := kernelTableRule(QPTypeRC, Transition{QPStateReset, QPStateInit})
+		goErr := q.Modify(&a, row.req|AttrState)
+		var ae *AttrError
+		require.ErrorAs(t, goErr, &ae, "the modify's error, naming PORT")
+		assert.Equal(t, AttrPort, ae.Problems[0].Attr)
+		assert.ErrorContains(t, goErr, "RC QP RESET→INIT")
+		assert.ErrorContains(t, goErr, lab.dev.Info.Name+" has no port 2: its ports are 1 to 1")
+		ca := attrToIBV(&a)
+		assert.Error(t, q.qp.Modify(&ca, uint32(row.req|AttrState)), "the kernel refuses port 2 too")
 	})
 }
 

@@ -175,6 +175,13 @@ func (c modifyCase) String() string {
 // RTS, SQD or SQE, and the table's row must have its required attributes
 // and nothing beyond its optional ones and STATE.
 func kernelAccepts(qt QPType, from, to QPState, mask AttrMask) bool {
+	// uverbs' modify_qp_mask, before the table.
+	switch qt {
+	case QPTypeXRCSend:
+		mask &^= AttrMaxDestRdAtomic | AttrMinRNRTimer
+	case QPTypeXRCRecv:
+		mask &^= AttrMaxQPRdAtomic | AttrRetryCount | AttrRNRRetry
+	}
 	if mask&AttrAV != 0 && !(mask&AttrState != 0 && to == QPStateRTR) {
 		mask |= AttrPort
 	}

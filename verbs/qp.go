@@ -96,10 +96,20 @@ func (q *QP) State() QPState {
 	defer q.mu.Unlock()
 	if q.adopted && q.qp != nil {
 		if s, err := q.qp.QueryState(); err == nil {
-			q.state = QPState(s)
+			q.tookKernelState(QPState(s))
 		}
 	}
 	return q.state
+}
+
+// tookKernelState records the state the kernel reports for an adopted QP.
+// A RESET is not taken over a state known here: librdmacm never moves its
+// QPs back to RESET (only Modify does, which records it), and siw before
+// Linux 6.4 leaves the state out of its query (it reads as RESET).
+func (q *QP) tookKernelState(s QPState) {
+	if s != QPStateReset || q.state == QPStateReset {
+		q.state = s
+	}
 }
 
 // Modify runs one ibv_modify_qp. The transition (from the QP's state to
@@ -115,6 +125,19 @@ func (q *QP) Modify(attr *QPAttr, mask AttrMask) error {
 	defer q.mu.Unlock()
 	if err := q.closedError("modify QP"); err != nil {
 		return err
+	}
+	// Any state goes to RESET or ERR with STATE alone: no need to look.
+	toAnyState := mask == AttrState && (attr.State == QPStateErr || attr.State == QPStateReset)
+	if q.adopted && !toAnyState {
+		// librdmacm, or the iWARP CM in the kernel, moved this QP since
+		// the last look: check the transition from where it is.
+		if qa, err := q.qp.Query(uint32(AttrState | AttrPort)); err == nil {
+			a := attrFromIBV(&qa)
+			q.tookKernelState(a.State)
+			if a.PortNum != 0 {
+				q.port = int(a.PortNum)
+			}
+		}
 	}
 	// As the kernel and the drivers do, a CUR_STATE in the mask says which
 	// state the QP leaves (the device may have moved it to SQE since the
@@ -136,11 +159,18 @@ func (q *QP) Modify(attr *QPAttr, mask AttrMask) error {
 	if port > 0 {
 		info := PortInfo{Device: dev.Info.Name, Port: port, Transport: dev.Info.Transport}
 		if info.Attr, err = dev.QueryPort(port); err != nil {
-			return err
-		}
-		if mask&AttrMaxQPRdAtomic != 0 {
+			if mask&AttrPort == 0 {
+				return err
+			}
+			reason := fmt.Sprintf("%s has no port %d (ibv_query_port: %v)", dev.Info.Name, port, err)
 			if da, derr := dev.Query(); derr == nil {
-				info.MaxRdAtomic = da.MaxQPInitRdAtom
+				reason = fmt.Sprintf("%s has no port %d: its ports are 1 to %d", dev.Info.Name, port, da.PhysicalPortCount)
+			}
+			return &AttrError{QPType: q.Type, Transition: Transition{from, to}, Problems: []AttrProblem{{Attr: AttrPort, Reason: reason}}}
+		}
+		if mask&(AttrMaxQPRdAtomic|AttrMaxDestRdAtomic) != 0 {
+			if da, derr := dev.Query(); derr == nil {
+				info.MaxRdAtomic, info.MaxDestRdAtomic = da.MaxQPRdAtom, da.MaxQPInitRdAtom
 			}
 		}
 		err = ValidateForPort(q.Type, from, to, attr, mask, info)

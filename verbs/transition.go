@@ -29,9 +29,11 @@ const (
 	connPathOpts = AttrAltPath | AttrPathMigState
 )
 
-// transitionTable holds the IBTA rules as libibverbs documents them for
-// ibv_modify_qp, per QP type, with the kernel's changes (kernelRules) made by
-// init, which also adds Any→RESET and Any→ERR.
+// transitionTable holds the IBTA's rules for ibv_modify_qp per QP type
+// (ibv_modify_qp(3) gives only the required attributes of RESET→INIT→RTR→
+// RTS; the optional ones and the other transitions are the IBTA's), with
+// the kernel's changes (kernelRules) made by init, which also adds
+// Any→RESET and Any→ERR.
 var transitionTable = map[QPType]map[Transition]TransitionRule{
 	QPTypeUD: {
 		{QPStateReset, QPStateInit}: {Required: AttrState | AttrPKeyIndex | AttrPort | AttrQKey},
@@ -132,7 +134,7 @@ var transitionTable = map[QPType]map[Transition]TransitionRule{
 // below concern.
 var kernelTypes = []QPType{QPTypeRC, QPTypeUC, QPTypeUD, QPTypeRawPacket, QPTypeXRCSend, QPTypeXRCRecv}
 
-// kernelRule is a place where Linux decides otherwise than the man page:
+// kernelRule is a place where Linux decides otherwise than the IBTA rules:
 // its own table (qp_state_table and ib_modify_qp_is_ok in
 // drivers/infiniband/core/verbs.c) or a ban of its uverbs layer. The kernel
 // decides what the user gets, so the model follows it and its errors say so.
@@ -142,7 +144,7 @@ type kernelRule struct {
 	// Attrs are the attributes the rule concerns; 0 when it is about the
 	// transition itself.
 	Attrs AttrMask
-	// apply changes the man page's rule into the kernel's; exists is false
+	// apply changes the IBTA's rule into the kernel's; exists is false
 	// when the kernel has no such transition.
 	apply func(r TransitionRule) (rule TransitionRule, exists bool)
 	Why   string
@@ -153,7 +155,7 @@ var kernelRules = []kernelRule{
 		QPTypes: kernelTypes, Transition: Transition{QPStateReset, QPStateErr},
 		apply: func(TransitionRule) (TransitionRule, bool) { return TransitionRule{}, false },
 		Why: "the kernel's table (qp_state_table, drivers/infiniband/core/verbs.c) has no RESET→ERR, " +
-			"though the man page allows any state→ERR: a QP in RESET has nothing to flush (destroy it, or go to INIT first)",
+			"though the IBTA allows any state→ERR: a QP in RESET has nothing to flush (destroy it, or go to INIT first)",
 	},
 	{
 		QPTypes: kernelTypes, Transition: Transition{QPStateReset, QPStateReset},
@@ -176,7 +178,7 @@ var kernelRules = []kernelRule{
 	{
 		QPTypes: []QPType{QPTypeUC}, Transition: Transition{QPStateSQD, QPStateSQD}, Attrs: AttrAV,
 		apply: func(r TransitionRule) (TransitionRule, bool) { r.Optional &^= AttrAV; return r, true },
-		Why: "the kernel refuses it although the man page lists it: uverbs (modify_qp, drivers/infiniband/core/uverbs_cmd.c) " +
+		Why: "the kernel refuses it although the IBTA allows it: uverbs (modify_qp, drivers/infiniband/core/uverbs_cmd.c) " +
 			"adds PORT to an AV given in SQD, and a UC QP's SQD→SQD does not take PORT",
 	},
 }
@@ -246,7 +248,7 @@ type TransitionError struct {
 	Missing          AttrMask // required attributes absent from Mask
 	NotAccepted      AttrMask // attributes in Mask the transition does not take
 	// Kernel, when set, says that the rule that refused the modify is the
-	// kernel's rather than the man page's, and why.
+	// kernel's rather than the IBTA's, and why.
 	Kernel string
 }
 
@@ -287,6 +289,22 @@ func targets(t QPType, from QPState) []string {
 	return out
 }
 
+// KernelIgnored returns the attributes that uverbs removes from a modify's
+// mask for QP type t before anything checks or applies them (modify_qp_mask
+// in drivers/infiniband/core/uverbs_cmd.c): an XRC initiator has no
+// receiving side (MAX_DEST_RD_ATOMIC, MIN_RNR_TIMER), an XRC target no
+// sending side (MAX_QP_RD_ATOMIC, RETRY_CNT, RNR_RETRY). Code that reuses
+// an RC mask on XRC QPs passes them; they are accepted and have no effect.
+func KernelIgnored(t QPType) AttrMask {
+	switch t {
+	case QPTypeXRCSend:
+		return AttrMaxDestRdAtomic | AttrMinRNRTimer
+	case QPTypeXRCRecv:
+		return AttrMaxQPRdAtomic | AttrRetryCount | AttrRNRRetry
+	}
+	return 0
+}
+
 // ErrUnsupportedQPType is returned for QP types without a transition table here
 // (driver QPs, whose rules are their driver's).
 var ErrUnsupportedQPType = errors.New("verbs: QP type not modelled here")
@@ -294,7 +312,11 @@ var ErrUnsupportedQPType = errors.New("verbs: QP type not modelled here")
 // Validate checks a modify's attribute mask against the transition rules of
 // the QP type: every required attribute present, nothing the transition does
 // not accept. It returns a *TransitionError naming both, or nil.
+//
+// For XRC QPs the attributes the kernel drops from the mask before its own
+// check ([KernelIgnored]) are dropped here too.
 func Validate(t QPType, from, to QPState, mask AttrMask) error {
+	mask &^= KernelIgnored(t)
 	rules, ok := transitionTable[t]
 	if !ok {
 		return fmt.Errorf("%w: %v has no transition rules here (RC, UC, UD, raw packet and XRC have)", ErrUnsupportedQPType, t)

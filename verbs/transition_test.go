@@ -179,7 +179,7 @@ func TestKernelRules(t *testing.T) {
 		}
 	}
 
-	// UC SQD→SQD: the man page lists AV; uverbs turns it into AV|PORT.
+	// UC SQD→SQD: the IBTA allows AV; uverbs turns it into AV|PORT.
 	sqd := Transition{QPStateSQD, QPStateSQD}
 	err := Validate(QPTypeUC, sqd.From, sqd.To, AttrAV)
 	var te *TransitionError
@@ -187,14 +187,14 @@ func TestKernelRules(t *testing.T) {
 		assert.Equal(t, AttrAV, te.NotAccepted)
 		assert.Contains(t, te.Kernel, "uverbs")
 		assert.Contains(t, err.Error(), "not accepted by this transition AV")
-		assert.Contains(t, err.Error(), "the kernel refuses it although the man page lists it")
+		assert.Contains(t, err.Error(), "the kernel refuses it although the IBTA allows it")
 	}
 	assert.NoError(t, Validate(QPTypeUC, sqd.From, sqd.To, AttrAccessFlags|AttrPKeyIndex|AttrAltPath|AttrPathMigState),
 		"UC SQD→SQD keeps its other optional attributes")
 	assert.NoError(t, Validate(QPTypeRC, sqd.From, sqd.To, AttrAV), "RC takes PORT in SQD→SQD, so AV passes")
 	err = Validate(QPTypeUC, sqd.From, sqd.To, AttrQKey)
 	if assert.ErrorAs(t, err, &te) {
-		assert.Empty(t, te.Kernel, "a rule of the man page's is not called the kernel's")
+		assert.Empty(t, te.Kernel, "an IBTA rule is not called the kernel's")
 	}
 
 	// RC SQE→RTS: valid in the kernel's table for every type, with STATE alone.
