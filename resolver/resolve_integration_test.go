@@ -210,6 +210,45 @@ func TestResolveLoopbackAgreesWithKernelCM(t *testing.T) {
 	}
 }
 
+// On iWARP a route's preferred source may sit on another netdev than the
+// one the route leaves by: the kernel CM takes the device by the egress
+// netdev, and so does the resolver (it used to refuse the path). On RoCE
+// the same route has no GID entry for the source, and the resolver says so.
+func TestResolveIWARPSourceOffTheEgressAgreesWithKernelCM(t *testing.T) {
+	tb := testbed.Require(t)
+	siw := tb.MustDevice(t, "siw0")
+	run(t, "ip", "link", "add", "dummy-off", "type", "dummy")
+	t.Cleanup(func() { exec.Command("ip", "link", "del", "dummy-off").Run() })
+	run(t, "ip", "link", "set", "dummy-off", "up")
+	run(t, "ip", "addr", "add", "10.77.0.1/32", "dev", "dummy-off")
+	run(t, "ip", "route", "add", "10.88.0.0/24", "dev", siw.Netdev, "src", "10.77.0.1")
+	t.Cleanup(func() { exec.Command("ip", "route", "del", "10.88.0.0/24").Run() })
+	dst := netip.MustParseAddr("10.88.0.5")
+
+	id, err := rdmacm.NewID(rdmacm.PortSpaceTCP)
+	require.NoError(t, err)
+	defer id.Close()
+	require.NoError(t, id.ResolveAddr(netip.Addr{}, netip.AddrPortFrom(dst, 7900), 2*time.Second))
+	ev, err := id.Event(ctxFor(t, 10*time.Second))
+	require.NoError(t, err)
+	require.Equal(t, rdmacm.EventAddrResolved, ev.Type, "the kernel CM: %v", ev.Err())
+	assert.Equal(t, siw.Name, id.DeviceName())
+	assert.Equal(t, "10.77.0.1", id.LocalAddr().Addr().String())
+
+	p, err := resolver.Resolve(context.Background(), dst, resolver.Options{})
+	require.NoError(t, err)
+	assert.Equal(t, siw.Name, p.Device, "%s", p.Explain())
+	assert.Equal(t, siw.Netdev, p.Netdev)
+	assert.Equal(t, "10.77.0.1", p.Source.String())
+	assert.Contains(t, p.Explain(), "iWARP takes the device by the egress netdev")
+
+	rxe := tb.MustDevice(t, "rxe0")
+	run(t, "ip", "route", "add", "10.89.0.0/24", "dev", rxe.Netdev, "src", "10.77.0.1")
+	t.Cleanup(func() { exec.Command("ip", "route", "del", "10.89.0.0/24").Run() })
+	_, err = resolver.Resolve(context.Background(), netip.MustParseAddr("10.89.0.5"), resolver.Options{})
+	assert.ErrorIs(t, err, resolver.ErrNoGIDForSource, "RoCE: the source's GID is not on the egress netdev")
+}
+
 func ctxFor(t *testing.T, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	t.Cleanup(cancel)

@@ -214,15 +214,15 @@ func resolve(ctx context.Context, dst netip.Addr, opts Options) (*Path, error) {
 
 	switch p.Kind {
 	case verbs.KindIWARP:
-		// A given source chose the device already (bound); a route's
-		// preferred source must be on the netdev the route leaves by.
-		if owner, err := linkWithAddr(src); bound == nil && (err != nil || owner.Attrs().Index != p.NetdevIndex) {
-			name := "no netdev"
-			if err == nil {
-				name = owner.Attrs().Name
-			}
-			return fail(fmt.Errorf("resolver: %v → %v: %w: %v is on %s but the route leaves by %s; "+
-				"add a route via %s, or use a source address on %s", src, dst, ErrSourceNotOnEgress, src, name, p.Netdev, name, p.Netdev))
+		// The kernel CM takes an iWARP device by the egress netdev's MAC
+		// (copy_src_l2_addr, then cma_acquire_dev_by_src_ip) and never
+		// looks the source address up on it: a route's preferred source
+		// held by another netdev is fine, and the iWARP TCP stream is sent
+		// from it (Linux's weak host model). RoCE, whose GID is the
+		// address, has no such freedom.
+		if owner, err := linkWithAddr(src); bound == nil && err == nil && owner.Attrs().Index != p.NetdevIndex {
+			p.note("source %v is on %s, not on the egress %s: iWARP takes the device by the egress netdev, "+
+				"and the TCP stream leaves from %v all the same", src, owner.Attrs().Name, p.Netdev, src)
 		}
 		p.note("iWARP: no GID to choose; the iWARP CM connects by IP address and moves the QP itself")
 		return p, nil

@@ -64,8 +64,9 @@ type Candidate struct {
 
 // Selection errors, usable with errors.Is.
 var (
-	// ErrSourceNotOnEgress: the source address lives on another netdev than
-	// the one the route leaves by. The kernel CM answers ADDR_ERROR -ENODEV.
+	// ErrSourceNotOnEgress: on RoCE, the source address lives on another
+	// netdev than the one the route leaves by. The kernel CM answers
+	// ADDR_ERROR -ENODEV. (iWARP takes such a path.)
 	ErrSourceNotOnEgress = errors.New("the source address is not on the netdev the route leaves by")
 	// ErrNoGIDForSource: no GID entry holds the source address at all.
 	ErrNoGIDForSource = errors.New("no GID entry holds the source address")
