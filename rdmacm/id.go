@@ -593,21 +593,26 @@ func (c *ID) CreateQP(pd *verbs.PD, init verbs.QPInit) (*verbs.QP, error) {
 	if pd == nil || init.SendCQ == nil || init.RecvCQ == nil {
 		return nil, c.fail("rdma_create_qp", fmt.Errorf("%w: a PD, a SendCQ and a RecvCQ are required", syscall.EINVAL))
 	}
-	p, s, r := vbridge.PD(pd), vbridge.CQ(init.SendCQ), vbridge.CQ(init.RecvCQ)
-	if p == nil || s == nil || r == nil {
-		return nil, c.fail("rdma_create_qp", fmt.Errorf("%w: the PD or a CQ is closed", syscall.EBADF))
-	}
 	if want := c.h.ContextKey(); contextKey(pd.Device()) != want || contextKey(init.SendCQ.Device()) != want ||
 		contextKey(init.RecvCQ.Device()) != want {
 		oe := c.fail("rdma_create_qp", fmt.Errorf("%w: the PD and the CQs must be made on the id's device context", syscall.EINVAL))
 		oe.Hint = "allocate them on ID.Device(), librdmacm's context (a context from verbs.Open is another one)"
 		return nil, oe
 	}
+	// The CQs count the QP among their users from here, so that neither
+	// closes under it.
+	cqs, s, r := vbridge.UseCQs(init.SendCQ, init.RecvCQ)
+	p := vbridge.PD(pd)
+	if p == nil || s == nil || r == nil {
+		vbridge.UnuseCQs(cqs)
+		return nil, c.fail("rdma_create_qp", fmt.Errorf("%w: the PD or a CQ is closed", syscall.EBADF))
+	}
 	qp, err := c.h.CreateQP(p, s, r, int(init.Type), vbridge.QPCap(init.Cap), init.SignalAll)
 	if err != nil {
+		vbridge.UnuseCQs(cqs)
 		return nil, c.fail("rdma_create_qp", err)
 	}
-	q := vbridge.AdoptQP(pd, qp, int(init.Type)).(*verbs.QP)
+	q := vbridge.AdoptQP(pd, qp, int(init.Type), cqs).(*verbs.QP)
 	c.qpMu.Lock()
 	c.qp = q
 	c.qpMu.Unlock()

@@ -23,7 +23,17 @@ func init() {
 		return a.ah
 	}
 	vbridge.Device = func(c *ibv.Context) any { return borrowDevice(c) }
-	vbridge.AdoptQP = func(pd any, qp *ibv.QP, qpType int) any { return adoptQP(pd.(*PD), qp, QPType(qpType)) }
+	vbridge.UseCQs = func(send, recv any) (any, *ibv.CQ, *ibv.CQ) {
+		u, s, r := useCQs(send.(*CQ), recv.(*CQ))
+		return u, s, r
+	}
+	vbridge.UnuseCQs = func(use any) {
+		u := use.(cqUse)
+		u.unuse()
+	}
+	vbridge.AdoptQP = func(pd any, qp *ibv.QP, qpType int, cqs any) any {
+		return adoptQP(pd.(*PD), qp, QPType(qpType), cqs.(cqUse))
+	}
 	vbridge.QPAttr = func(a *ibv.QPAttr) any { return attrFromIBV(a) }
 	vbridge.AHAttr = func(a *ibv.AHAttr) any { return ahFromIBV(a) }
 	vbridge.QPCap = func(c any) ibv.QPCap { return capToIBV(c.(QPCap)) }

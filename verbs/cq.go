@@ -22,6 +22,11 @@ type CQ struct {
 	mu   sync.Mutex
 	cq   *ibv.CQ        // nil once closed
 	wait *fdwait.Waiter // the channel fd in Go's poller, from the first wait on
+	// users counts the QPs made on the CQ and not destroyed yet (twice a
+	// QP that uses it both ways). Close refuses while there are any: the
+	// kernel would refuse too, but libsiw unmaps the CQ's ring before it
+	// asks, so a CQ it refused would crash at its next poll.
+	users int
 	// waiting is held for reading by a goroutine waiting on the channel,
 	// which reads it outside mu; Close takes it for writing, after waking
 	// the waiter, before it destroys the channel.
@@ -290,7 +295,12 @@ func (c *CQ) waitEvent(ctx context.Context, try func() bool) error {
 // left before the channel goes.
 func (c *CQ) Close() error {
 	c.mu.Lock()
-	cq, w := c.cq, c.wait
+	cq, w, users := c.cq, c.wait, c.users
+	if cq != nil && users > 0 {
+		c.mu.Unlock()
+		return &OpError{Op: "ibv_destroy_cq", Device: c.dev.Info.Name, Err: syscall.EBUSY,
+			Detail: fmt.Sprintf("%d QP(s) use it", users), Hint: "close the QPs that use it first"}
+	}
 	c.cq, c.wait = nil, nil // refuse new polls and waits meanwhile
 	c.mu.Unlock()
 	if cq == nil {
@@ -302,10 +312,18 @@ func (c *CQ) Close() error {
 	c.waiting.Lock()
 	defer c.waiting.Unlock()
 	if err := cq.Destroy(); err != nil {
+		oe := &OpError{Op: "ibv_destroy_cq", Device: c.dev.Info.Name, Err: err, Hint: "close the QPs that use it first"}
+		if !cq.KeptOnFailedDestroy() {
+			// libsiw unmapped the ring before the kernel refused: the
+			// CQ stays closed here (its kernel object until the device
+			// closes), as any use of it would fault.
+			oe.Hint = "the provider released the CQ's queue before the kernel refused; the CQ cannot be used again"
+			return oe
+		}
 		c.mu.Lock()
 		c.cq = cq // still in use: the CQ stays, and its next wait registers anew
 		c.mu.Unlock()
-		return &OpError{Op: "ibv_destroy_cq", Device: c.dev.Info.Name, Err: err, Hint: "close the QPs that use it first"}
+		return oe
 	}
 	c.dev.cqs.Add(-1)
 	return nil

@@ -23,9 +23,11 @@ import (
 func TestCloseWakesAWaiterFirst(t *testing.T) {
 	for _, name := range []string{"rxe0", "siw0"} {
 		t.Run(name, func(t *testing.T) {
-			dev, err := verbs.Open(testbed.Require(t).MustDevice(t, name).Name)
+			d := testbed.Require(t).MustDevice(t, name)
+			checkNoLeaks(t)
+			dev, err := verbs.Open(d.Name)
 			require.NoError(t, err)
-			defer dev.Close()
+			defer func() { require.NoError(t, dev.Close()) }()
 			cq, err := dev.CreateCQ(4)
 			require.NoError(t, err)
 			waited := make(chan error, 1)
@@ -33,7 +35,8 @@ func TestCloseWakesAWaiterFirst(t *testing.T) {
 				_, err := cq.PollWait(context.Background(), make([]verbs.WorkCompletion, 1))
 				waited <- err
 			}()
-			time.Sleep(50 * time.Millisecond) // let it reach the channel
+			require.Eventually(t, func() bool { return verbs.Waiting(cq) }, 10*time.Second, time.Millisecond,
+				"the goroutine reaches the channel")
 			require.NoError(t, cq.Close())
 			select {
 			case err := <-waited:
@@ -216,4 +219,41 @@ func TestSecondWaiterIsRefused(t *testing.T) {
 	defer stop()
 	_, err = b.cq.PollWait(short, make([]verbs.WorkCompletion, 1))
 	assert.ErrorIs(t, err, context.DeadlineExceeded, "one waiter again once the first is done")
+}
+
+// A CQ that a QP still uses refuses to close, names how many use it, and
+// stays whole: on siw, whose library unmaps the CQ's ring before the
+// kernel refuses, the poll after the refusal faulted. Once the QP is
+// closed, so is the CQ. A QP whose creation failed is not counted.
+func TestCQCloseUnderItsQP(t *testing.T) {
+	for _, dev := range []string{"rxe", "siw"} {
+		t.Run(dev, func(t *testing.T) {
+			var pd *verbs.PD
+			if dev == "rxe" {
+				_, pd, _, _, _ = openRXE(t)
+			} else {
+				_, pd = openSIW(t)
+			}
+			d := pd.Device()
+			cq, err := d.CreateCQ(8)
+			require.NoError(t, err)
+			_, err = pd.CreateQP(verbs.QPInit{Type: verbs.QPTypeRC, SendCQ: cq, RecvCQ: cq,
+				Cap: verbs.QPCap{MaxSendWR: 1 << 30, MaxRecvWR: 1, MaxSendSGE: 1, MaxRecvSGE: 1}})
+			require.Error(t, err, "a send queue above the device's limit")
+			qp, err := pd.CreateQP(verbs.QPInit{Type: verbs.QPTypeRC, SendCQ: cq, RecvCQ: cq,
+				Cap: verbs.QPCap{MaxSendWR: 4, MaxRecvWR: 4, MaxSendSGE: 1, MaxRecvSGE: 1}})
+			require.NoError(t, err)
+
+			err = cq.Close()
+			require.ErrorIs(t, err, syscall.EBUSY)
+			assert.ErrorContains(t, err, "2 QP(s) use it")
+			assert.ErrorContains(t, err, "close the QPs that use it first")
+			n, err := cq.Poll(make([]verbs.WorkCompletion, 4))
+			assert.NoError(t, err, "the CQ is whole")
+			assert.Zero(t, n)
+
+			require.NoError(t, qp.Close())
+			require.NoError(t, cq.Close())
+		})
+	}
 }

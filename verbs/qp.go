@@ -26,6 +26,9 @@ type QP struct {
 	// adopted QPs were created by librdmacm, which moves and destroys
 	// them: State queries the QP.
 	adopted bool
+	// cqs are the CQs the QP was made on, counted as their users until
+	// it is destroyed.
+	cqs cqUse
 }
 
 // CreateQP creates a queue pair in RESET.
@@ -35,12 +38,14 @@ func (p *PD) CreateQP(init QPInit) (*QP, error) {
 	}
 	p.closeMu.RLock()
 	defer p.closeMu.RUnlock()
-	scq, rcq := init.SendCQ.handle(), init.RecvCQ.handle()
+	cqs, scq, rcq := useCQs(init.SendCQ, init.RecvCQ)
 	if scq == nil || rcq == nil || p.pd == nil {
+		cqs.unuse()
 		return nil, &OpError{Op: "ibv_create_qp", Device: p.dev.Info.Name, Err: syscall.EBADF, Hint: "the PD or a CQ is closed"}
 	}
 	qp, err := p.pd.CreateQP(&ibv.QPInit{Type: int(init.Type), SendCQ: scq, RecvCQ: rcq, Cap: capToIBV(init.Cap), SignalAll: init.SignalAll})
 	if err != nil {
+		cqs.unuse()
 		e := &OpError{Op: "ibv_create_qp", Device: p.dev.Info.Name, Detail: fmt.Sprintf("%v %+v", init.Type, init.Cap), Err: err}
 		if p.dev.Info.Transport == TransportIWARP && init.Type != QPTypeRC {
 			e.Hint = "iWARP supports RC QPs only"
@@ -49,7 +54,7 @@ func (p *PD) CreateQP(init QPInit) (*QP, error) {
 		}
 		return nil, e
 	}
-	return &QP{Type: init.Type, QPN: qp.Num(), pd: p, qp: qp, state: QPStateReset}, nil
+	return &QP{Type: init.Type, QPN: qp.Num(), pd: p, qp: qp, state: QPStateReset, cqs: cqs}, nil
 }
 
 // capOverLimit names the sizes of cap above the device's limits, for the
@@ -77,6 +82,49 @@ func capOverLimit(d *Device, cap QPCap) string {
 	return strings.Join(over, "; ")
 }
 
+// use returns the CQ's handle for a QP about to be made on it, counted
+// among its users, or nil if the CQ is closed.
+func (c *CQ) use() *ibv.CQ {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.cq != nil {
+		c.users++
+	}
+	return c.cq
+}
+
+// unuse undoes a use: the QP was not made, or is destroyed.
+func (c *CQ) unuse() {
+	c.mu.Lock()
+	c.users--
+	c.mu.Unlock()
+}
+
+// cqUse is the CQs a QP is made on, each counted as a user while it lives.
+type cqUse [2]*CQ
+
+// useCQs counts a QP about to be made among the users of its CQs and
+// returns their handles; a closed CQ's handle is nil, and it is not counted.
+func useCQs(send, recv *CQ) (u cqUse, s, r *ibv.CQ) {
+	if s = send.use(); s != nil {
+		u[0] = send
+	}
+	if r = recv.use(); r != nil {
+		u[1] = recv
+	}
+	return u, s, r
+}
+
+// unuse ends the count: the QP was not made, or is destroyed.
+func (u *cqUse) unuse() {
+	for i, c := range u {
+		if c != nil {
+			c.unuse()
+			u[i] = nil
+		}
+	}
+}
+
 func (c *CQ) handle() *ibv.CQ {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -85,8 +133,8 @@ func (c *CQ) handle() *ibv.CQ {
 
 // adoptQP wraps a QP that librdmacm created on pd and moves through its
 // states: State queries the QP, and Close has librdmacm destroy it.
-func adoptQP(pd *PD, qp *ibv.QP, t QPType) *QP {
-	return &QP{Type: t, QPN: qp.Num(), pd: pd, qp: qp, state: QPState(qp.State()), adopted: true}
+func adoptQP(pd *PD, qp *ibv.QP, t QPType, cqs cqUse) *QP {
+	return &QP{Type: t, QPN: qp.Num(), pd: pd, qp: qp, state: QPState(qp.State()), adopted: true, cqs: cqs}
 }
 
 // State is the state the last successful [QP.Modify] left the QP in. The device
@@ -468,6 +516,7 @@ func (q *QP) Close() error {
 		return &OpError{Op: "ibv_destroy_qp", Device: q.pd.dev.Info.Name, QPN: q.QPN, Err: err}
 	}
 	q.qp = nil
+	q.cqs.unuse()
 	return nil
 }
 

@@ -106,6 +106,15 @@ func (q *QP) choose() {
 	}
 }
 
+// KeptOnFailedDestroy reports whether a CQ whose Destroy failed is still
+// whole. libsiw (rdma-core 44, siw_destroy_cq) unmaps the CQ's ring before
+// it asks the kernel, and does not map it again when the kernel refuses:
+// any poll or arm after that would fault.
+func (c *CQ) KeptOnFailedDestroy() bool {
+	p := providerOf(unsafe.Pointer(c.cq.context.ops.poll_cq))
+	return p != providerSiw && p != providerSiwOtherBuild
+}
+
 // choose picks the CQ's data path, when it is created (its completion
 // channel is non-blocking by then: the raw reads must never wait).
 func (c *CQ) choose() {

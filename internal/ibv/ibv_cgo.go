@@ -804,7 +804,8 @@ func (c *CQ) GetEvent() bool {
 }
 
 // Destroy acks what is unacked and destroys the CQ, then its channel. A
-// CQ that QPs still use is refused (and left whole).
+// CQ that QPs still use is refused, and left whole unless
+// KeptOnFailedDestroy says otherwise.
 func (c *CQ) Destroy() error {
 	if c.unacked > 0 {
 		C.ibv_ack_cq_events(c.cq, c.unacked)

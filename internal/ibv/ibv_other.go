@@ -58,6 +58,7 @@ func (m *MR) Dereg() error { return nil }
 type CQ struct{}
 
 func (c *CQ) Pointer() unsafe.Pointer                 { return nil }
+func (c *CQ) KeptOnFailedDestroy() bool               { return true }
 func (c *CQ) Poll(out []WC) (int, error)              { return 0, ErrNoCgo }
 func (c *CQ) PollArm(out []WC, arm bool) (int, error) { return 0, ErrNoCgo }
 func (c *CQ) ReqNotify() error                        { return ErrNoCgo }

@@ -19,9 +19,16 @@ var (
 	// Device wraps a context librdmacm owns as a *verbs.Device whose Close
 	// leaves it open.
 	Device func(c *ibv.Context) any
-	// AdoptQP wraps a QP librdmacm created on the *verbs.PD pd as a
-	// *verbs.QP of type qpType.
-	AdoptQP func(pd any, qp *ibv.QP, qpType int) any
+	// UseCQs counts a QP about to be made on two *verbs.CQs among their
+	// users (a CQ with users refuses to close) and returns their handles,
+	// nil for a closed one; use is for UnuseCQs or AdoptQP.
+	UseCQs func(send, recv any) (use any, s, r *ibv.CQ)
+	// UnuseCQs ends what UseCQs counted, for a QP that was not made.
+	UnuseCQs func(use any)
+	// AdoptQP wraps a QP librdmacm created on the *verbs.PD pd and the
+	// CQs that UseCQs counted as a *verbs.QP of type qpType, whose Close
+	// ends the count.
+	AdoptQP func(pd any, qp *ibv.QP, qpType int, cqs any) any
 	// QPAttr converts to a verbs.QPAttr.
 	QPAttr func(a *ibv.QPAttr) any
 	// AHAttr converts to a verbs.AHAttr.
