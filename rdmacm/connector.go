@@ -152,8 +152,9 @@ func (e *endpoint) answer(ctx context.Context) (*conn, error) {
 	case EventRejected:
 		return nil, e.rejected(ev)
 	case EventUnreachable:
-		if ev.UD && ev.Status == sidrReject {
-			// PS_UDP: the listener rejected (its SIDR REP said so).
+		if ev.UD && ev.Status > 0 {
+			// PS_UDP: the peer answered without a QP (its SIDR REP's
+			// status says why: no listener, a reject, ...).
 			return nil, e.rejected(ev)
 		}
 		return nil, e.failEvent("connect", ErrUnreachable, ev)
@@ -173,12 +174,15 @@ func (e *endpoint) connectError(ev *Event) *OpError {
 	oe := e.failEvent("connect", ErrConnect, ev)
 	if !e.iwarp && ev.Status == -1 {
 		oe.Err = nil
-		oe.Hint = "librdmacm could not act on the peer's reply (move the QP to RTR and RTS, or send the RTU); " +
-			"most often the peer gave up on the request first: its accept timed out (its ConnectTimeout), " +
-			"as happens under load, and its CM rejected the connection"
+		oe.Hint = connectErrorHint
 	}
 	return oe
 }
+
+// connectErrorHint explains librdmacm's own CONNECT_ERROR (status -1).
+const connectErrorHint = "librdmacm could not act on the peer's reply (move the QP to RTR and RTS, or send the RTU); " +
+	"most often the peer gave up on the request first: its accept timed out (its ConnectTimeout), " +
+	"as happens under load, and its CM rejected the connection"
 
 // rejected is the dialer's error for a reject: a *RejectedError carrying
 // exactly the private data the peer application sent (see rejectData).

@@ -257,10 +257,13 @@ func (e *RejectedError) Error() string {
 // meaning says what Status means.
 func (e *RejectedError) meaning() string {
 	if e.ud {
-		if e.Status == sidrReject {
-			return "UD: the peer rejected the service ID request"
-		}
-		return ""
+		return sidrMeaning(e.Status)
+	}
+	if e.Status == rejectConsumer && e.Refusal == RefusalNone && allZero(e.PrivateData) {
+		// The peer's rdma_cm sends this reason with no data when it finds
+		// no listener for the request, as its application does on reject.
+		return "the peer application rejected the request, or the peer's rdma_cm found no listener for it: " +
+			"one on that port bound to another address"
 	}
 	return rejectMeaning(e.Status)
 }
@@ -285,12 +288,37 @@ const (
 	rejectStale        = 10 // IB_CM_REJ_STALE_CONN
 	rejectConsumer     = 28 // IB_CM_REJ_CONSUMER_DEFINED
 	rejectVendorOption = 35 // IB_CM_REJ_VENDOR_OPTION_NOT_SUPPORTED: rdma_reject_ece, with the application's data
-	// sidrReject is the SIDR REP status of a PS_UDP reject (IB_SIDR_REJECT),
-	// which reaches the dialer as UNREACHABLE with that status.
-	sidrReject     = 2
+	// The SIDR REP statuses of a PS_UDP request that the peer answered
+	// without a QP (enum ib_cm_sidr_status), which reach the dialer as
+	// UNREACHABLE with that status: positive, where a timeout is negative.
+	sidrNoListener = 1 // IB_SIDR_UNSUPPORTED: no listener for the service ID
+	sidrReject     = 2 // IB_SIDR_REJECT: rdma_reject
+	sidrNoQP       = 3
+	sidrRedirect   = 4
+	sidrBadVersion = 5
 	rejectIWARP    = -int(syscall.ECONNREFUSED)
 	rejectIWARPMPA = -int(syscall.ECONNRESET)
 )
+
+// sidrMeaning says what a positive UD UNREACHABLE status (a SIDR REP's) means.
+func sidrMeaning(status int) string {
+	switch status {
+	case sidrNoListener:
+		return "UD: no listener on that address and port at the peer (SIDR status 1, service ID unsupported)"
+	case sidrReject:
+		return "UD: the peer rejected the service ID request"
+	case sidrNoQP:
+		return "UD: the peer's listener has no QP for the request (SIDR status 3)"
+	case sidrRedirect:
+		return "UD: the peer redirected the request (SIDR status 4), which rdma_cm does not follow"
+	case sidrBadVersion:
+		return "UD: the peer does not support the request's SIDR version (status 5)"
+	}
+	if status > 0 {
+		return fmt.Sprintf("UD: the peer answered with SIDR status %d", status)
+	}
+	return ""
+}
 
 func rejectMeaning(status int) string {
 	switch status {
@@ -301,7 +329,8 @@ func rejectMeaning(status int) string {
 	case rejectConsumer:
 		return "the peer application rejected the request"
 	case rejectIWARP:
-		return "iWARP: the TCP connection was refused, usually no listener on that address and port"
+		return "iWARP: the TCP connection was refused, usually no listener on that address and port " +
+			"(some devices, cxgb4 among them, report the peer's MPA reject this way too)"
 	case rejectIWARPMPA:
 		return "iWARP: the peer rejected the MPA request (the application rejected, or its CM refused)"
 	}
@@ -326,6 +355,9 @@ func hintFor(ev EventType, status int, iwarpDialer bool) string {
 	case EventRouteError:
 		return "the CM found no path to the destination; it is retried a few times before giving up"
 	case EventUnreachable:
+		if m := sidrMeaning(status); m != "" {
+			return m
+		}
 		return "the CM's messages timed out: the peer is gone, unreachable, or never completed the handshake"
 	case EventConnectError:
 		if iwarpDialer {

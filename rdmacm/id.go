@@ -109,8 +109,8 @@ func (e *Event) Err() error {
 		kind = ErrRouteResolution
 	case EventUnreachable:
 		kind = ErrUnreachable
-		if e.UD && e.Status == sidrReject {
-			kind = ErrRejected // a SIDR reject comes as UNREACHABLE
+		if e.UD && e.Status > 0 {
+			kind = ErrRejected // a SIDR REP without a QP comes as UNREACHABLE
 		}
 	case EventRejected:
 		kind = ErrRejected
@@ -132,13 +132,19 @@ func (e *Event) Err() error {
 		t, bound := e.id.h.Transport()
 		iwarp = bound && verbs.Transport(t) == verbs.TransportIWARP
 	}
+	oe.Hint = hintFor(e.Type, e.Status, iwarp)
 	switch {
 	case kind == ErrRejected:
 		oe.Err = &RejectedError{Status: e.Status, PrivateData: e.PrivateData, ud: e.UD}
+	case (e.Type == EventConnectError && !iwarp || e.Type == EventMulticastError) && e.Status == -1:
+		// librdmacm makes these events itself with status -1, "see
+		// errno", which an event cannot carry: not EPERM.
+		if e.Type == EventConnectError {
+			oe.Hint = connectErrorHint
+		}
 	case e.Status < 0:
 		oe.Err = syscall.Errno(-e.Status)
 	}
-	oe.Hint = hintFor(e.Type, e.Status, iwarp)
 	return oe
 }
 

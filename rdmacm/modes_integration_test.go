@@ -158,6 +158,22 @@ func TestUD(t *testing.T) {
 	}
 }
 
+// A UD dial to a port nobody listens on is answered at once by the peer's
+// CM (SIDR status 1), not timed out: a rejection that says so.
+func TestDialUDWithoutListener(t *testing.T) {
+	checkNoLeaks(t)
+	d := rxe(t)
+	start := time.Now()
+	_, err := rdmacm.DialUD(ctxFor(t, 20*time.Second), d.at(port()))
+	require.ErrorIs(t, err, rdmacm.ErrRejected)
+	assert.NotErrorIs(t, err, rdmacm.ErrUnreachable)
+	assert.ErrorContains(t, err, "no listener on that address and port")
+	var rej *rdmacm.RejectedError
+	require.ErrorAs(t, err, &rej)
+	assert.False(t, rej.ConsumerReject())
+	assert.Less(t, time.Since(start), 5*time.Second, "answered, not timed out")
+}
+
 func TestUDRefusedOnIWARP(t *testing.T) {
 	checkNoLeaks(t)
 	d := siw(t)

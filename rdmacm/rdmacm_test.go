@@ -221,8 +221,11 @@ func TestRejectData(t *testing.T) {
 
 func TestRejectedErrorText(t *testing.T) {
 	// A raw dialer's padded reject without data claims no private data.
+	// Reason 28 without data is also what the peer's rdma_cm sends when
+	// the port has a listener but not for the address dialed.
 	e := &RejectedError{Status: rejectConsumer, PrivateData: make([]byte, MaxRejectDataTCP)}
-	assert.Equal(t, "rejected with status 28 (the peer application rejected the request)", e.Error())
+	assert.Equal(t, "rejected with status 28 (the peer application rejected the request, or the peer's rdma_cm "+
+		"found no listener for it: one on that port bound to another address)", e.Error())
 	e.PrivateData = []byte("no")
 	assert.Equal(t, "rejected with status 28 (the peer application rejected the request), 2 bytes of private data", e.Error())
 	e = &RejectedError{Status: rejectNoListener}
@@ -231,6 +234,32 @@ func TestRejectedErrorText(t *testing.T) {
 	assert.Equal(t, "rejected with status 2 (UD: the peer rejected the service ID request)", e.Error())
 	assert.True(t, e.ConsumerReject())
 	assert.False(t, (&RejectedError{Status: sidrReject}).ConsumerReject(), "status 2 of a REJ is no consumer reject")
+	e = &RejectedError{Status: sidrNoListener, ud: true}
+	assert.Equal(t, "rejected with status 1 (UD: no listener on that address and port at the peer "+
+		"(SIDR status 1, service ID unsupported))", e.Error())
+	assert.False(t, e.ConsumerReject())
+}
+
+// UD's UNREACHABLE with a positive status is the peer's SIDR answer, not a
+// timeout: a rejection, saying which; librdmacm's own CONNECT_ERROR (-1) is
+// not EPERM.
+func TestEventErrKinds(t *testing.T) {
+	noListener := (&Event{Type: EventUnreachable, Status: sidrNoListener, UD: true}).Err()
+	assert.ErrorIs(t, noListener, ErrRejected)
+	assert.NotErrorIs(t, noListener, ErrUnreachable)
+	assert.ErrorContains(t, noListener, "no listener on that address and port at the peer")
+	assert.NotContains(t, noListener.Error(), "timed out")
+
+	timeout := (&Event{Type: EventUnreachable, Status: -int(syscall.ETIMEDOUT), UD: true}).Err()
+	assert.ErrorIs(t, timeout, ErrUnreachable)
+	assert.ErrorIs(t, timeout, syscall.ETIMEDOUT)
+	assert.ErrorContains(t, timeout, "timed out")
+
+	connErr := (&Event{Type: EventConnectError, Status: -1}).Err()
+	assert.ErrorIs(t, connErr, ErrConnect)
+	assert.NotErrorIs(t, connErr, syscall.EPERM)
+	assert.ErrorContains(t, connErr, "librdmacm could not act on the peer's reply")
+	assert.ErrorIs(t, (&Event{Type: EventConnectError, Status: -int(syscall.ENOMEM)}).Err(), syscall.ENOMEM)
 }
 
 // The zero configs are ready to use, and every field follows one

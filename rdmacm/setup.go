@@ -151,7 +151,7 @@ func (e *endpoint) resolveAddr(ctx context.Context, src netip.Addr) error {
 			break
 		}
 		if ev.Type != EventAddrError || attempt >= o.ResolveRetries || !retryable(ev.Status) {
-			return e.failEvent("resolve address", ErrAddrResolution, ev)
+			return e.failEvent("resolve address", stepKind(ev, ErrAddrResolution), ev)
 		}
 	}
 	e.local = e.id.LocalAddr()
@@ -195,9 +195,19 @@ func (e *endpoint) resolveRoute(ctx context.Context) error {
 			return nil
 		}
 		if ev.Type != EventRouteError || attempt >= o.ResolveRetries || !retryable(ev.Status) {
-			return e.failEvent("resolve route", ErrRouteResolution, ev)
+			return e.failEvent("resolve route", stepKind(ev, ErrRouteResolution), ev)
 		}
 	}
+}
+
+// stepKind is the kind of error an event other than the one awaited ends a
+// step with: the step's own, unless the event says more (the device went,
+// which every step reports alike).
+func stepKind(ev *Event, step error) error {
+	if ev.Type == EventDeviceRemoval {
+		return ErrDeviceRemoved
+	}
+	return step
 }
 
 // issueResolveRoute sends the route resolution request.
