@@ -538,6 +538,14 @@ func (c *Conn) sendFrame(ctx context.Context, op string, t frameType, p []byte, 
 				err = ctx.Err()
 			}
 			c.scqMu.Unlock()
+			if err != nil {
+				// Sends that found the send CQ taken wait for this one to
+				// free a buffer; giving up, it wakes them, and one of them
+				// waits on the CQ instead.
+				c.mu.Lock()
+				c.broadcastLocked()
+				c.mu.Unlock()
+			}
 		} else {
 			select {
 			case <-ch:
@@ -669,6 +677,12 @@ func (c *Conn) reapLocked() {
 		return
 	}
 	defer c.scqMu.Unlock()
+	if c.bufWaits > 0 {
+		// A Send that needs a buffer may have found the send CQ taken by
+		// this look and waits for a change; if this frees nothing, it
+		// must come back and wait on the CQ itself.
+		defer c.broadcastLocked()
+	}
 	var wcs [16]verbs.WorkCompletion
 	for {
 		n, err := c.scq.Poll(wcs[:])

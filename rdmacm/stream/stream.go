@@ -181,13 +181,16 @@ func (s *Conn) Write(p []byte) (int, error) {
 
 // CloseWrite tells the peer that nothing more will be written: its Read
 // returns io.EOF once it has read everything before. Reading goes on.
+//
+// As with TCP, CloseWrite does not wait for a Write blocked on another
+// goroutine, whose rest then fails (what it sent before the end arrives
+// first), and the write deadline does not apply to it. It may wait for a
+// send buffer, which a peer that reads nothing can hold up until Close.
 func (s *Conn) CloseWrite() error {
-	s.wmu.Lock()
-	defer s.wmu.Unlock()
 	if s.closeCtx.Err() != nil {
 		return s.opError("close write", net.ErrClosed)
 	}
-	if err := s.c.CloseSend(s.wd.context()); err != nil {
+	if err := s.c.CloseSend(s.closeCtx); err != nil {
 		return s.ioError("close write", err, &s.wd)
 	}
 	return nil

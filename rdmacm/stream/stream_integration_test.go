@@ -180,6 +180,11 @@ func TestDeadlinesInterruptBlockedCalls(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 		c1.SetReadDeadline(time.Now().Add(5 * time.Second)) // later: still waiting
 		time.Sleep(100 * time.Millisecond)
+		select {
+		case err := <-got:
+			t.Fatalf("a deadline moved later ended the Read: %v", err)
+		default:
+		}
 		c1.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
 		err := <-got
 		require.ErrorIs(t, err, os.ErrDeadlineExceeded)
@@ -237,6 +242,56 @@ func TestCloseWrite(t *testing.T) {
 		b, err = io.ReadAll(c1)
 		require.NoError(t, err)
 		assert.Equal(t, "response", string(b))
+	})
+}
+
+// As on TCP, CloseWrite does not wait for a Write blocked on a peer that
+// reads nothing: the end goes out after what that Write sent, whose rest
+// fails; the peer reads exactly what the Write reports written, then
+// io.EOF. A write deadline in the past does not stop a CloseWrite either.
+func TestCloseWriteBesideABlockedWrite(t *testing.T) {
+	forEachDevice(t, func(t *testing.T, d device) {
+		checkNoLeaks(t)
+		c1, c2 := connPair(t, d, &msg.Config{Credits: 2, MaxMessageSize: 1024})
+		type result struct {
+			n   int
+			err error
+		}
+		wrote := make(chan result, 1)
+		go func() {
+			n, err := c1.Write(make([]byte, 1<<20))
+			wrote <- result{n, err}
+		}()
+		select {
+		case r := <-wrote:
+			t.Fatalf("a 1 MiB write to a peer with 2 KiB of room returned: %d, %v", r.n, r.err)
+		case <-time.After(300 * time.Millisecond):
+		}
+		closed := make(chan error, 1)
+		go func() { closed <- c1.(*Conn).CloseWrite() }()
+		select {
+		case err := <-closed:
+			require.NoError(t, err)
+		case <-time.After(5 * time.Second):
+			t.Fatal("CloseWrite waited for the blocked Write")
+		}
+		var r result
+		select {
+		case r = <-wrote:
+		case <-time.After(5 * time.Second):
+			t.Fatal("the blocked Write did not end with the CloseWrite")
+		}
+		assert.ErrorIs(t, r.err, msg.ErrSendClosed)
+		b, err := io.ReadAll(c2)
+		require.NoError(t, err)
+		assert.Equal(t, r.n, len(b), "the peer reads what the Write reports written, then io.EOF")
+
+		c3, c4 := connPair(t, d, nil)
+		require.NoError(t, c3.SetWriteDeadline(time.Unix(1, 0)))
+		require.NoError(t, c3.(*Conn).CloseWrite(), "the write deadline does not apply")
+		b, err = io.ReadAll(c4)
+		require.NoError(t, err)
+		assert.Empty(t, b)
 	})
 }
 
