@@ -8,7 +8,8 @@
 //	grpcping 10.10.0.1                  # both, in this process
 //
 // The client checks what the server echoes: a unary call, a full-duplex
-// stream, -concurrent unary calls at once, and a -size payload each way
+// stream, -concurrent unary calls that the server holds until all of them
+// are in (so they were in flight at once), and a -size payload each way
 // compared by SHA-256.
 package main
 
@@ -25,12 +26,17 @@ import (
 	"os"
 	"os/signal"
 	"strconv"
+	"strings"
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	testpb "google.golang.org/grpc/interop/grpc_testing"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 
+	"github.com/rdmago/rdmago/examples/apps/internal/together"
 	"github.com/rdmago/rdmago/rdmacm/msg"
 	"github.com/rdmago/rdmago/rdmacm/stream"
 )
@@ -119,21 +125,31 @@ func serve(ctx context.Context, addr string, size int) (*grpc.Server, net.Listen
 		return nil, nil, err
 	}
 	srv := grpc.NewServer(grpc.MaxRecvMsgSize(maxMessage(size)), grpc.MaxSendMsgSize(maxMessage(size)))
-	testpb.RegisterTestServiceServer(srv, echo{})
+	testpb.RegisterTestServiceServer(srv, &echo{})
 	go srv.Serve(l) // returns when the server stops, closing l
 	return srv, l, nil
 }
 
-// echo answers each call with the payload it was sent.
+// echo answers each call with the payload it was sent. A unary call whose
+// metadata names a round and a count ("together") is held until that many
+// calls of its round are in, so the client can tell they were in flight
+// at once.
 type echo struct {
 	testpb.UnimplementedTestServiceServer
+	gates together.Gates
 }
 
-func (echo) UnaryCall(_ context.Context, in *testpb.SimpleRequest) (*testpb.SimpleResponse, error) {
+func (e *echo) UnaryCall(ctx context.Context, in *testpb.SimpleRequest) (*testpb.SimpleResponse, error) {
+	if md, ok := metadata.FromIncomingContext(ctx); ok && len(md.Get("together")) == 1 {
+		want, _ := strconv.Atoi(md.Get("together")[0])
+		if err := e.gates.Wait(ctx, strings.Join(md.Get("round"), ""), want); err != nil {
+			return nil, status.Error(codes.DeadlineExceeded, err.Error())
+		}
+	}
 	return &testpb.SimpleResponse{Payload: in.GetPayload()}, nil
 }
 
-func (echo) FullDuplexCall(s testpb.TestService_FullDuplexCallServer) error {
+func (*echo) FullDuplexCall(s testpb.TestService_FullDuplexCallServer) error {
 	for {
 		in, err := s.Recv()
 		if errors.Is(err, io.EOF) {
@@ -185,10 +201,11 @@ func check(ctx context.Context, addr string, size, concurrent int, out io.Writer
 
 	start = time.Now()
 	errs := make(chan error, concurrent)
+	round := metadata.Pairs("together", strconv.Itoa(concurrent), "round", strconv.FormatInt(time.Now().UnixNano(), 36))
 	for i := range concurrent {
 		go func() {
 			want := []byte(fmt.Sprintf("request %d", i))
-			r, err := client.UnaryCall(ctx, &testpb.SimpleRequest{Payload: payload(want)})
+			r, err := client.UnaryCall(metadata.NewOutgoingContext(ctx, round), &testpb.SimpleRequest{Payload: payload(want)})
 			switch {
 			case err != nil:
 				errs <- fmt.Errorf("concurrent call %d: %w", i, err)
@@ -208,7 +225,7 @@ func check(ctx context.Context, addr string, size, concurrent int, out io.Writer
 	if err := errors.Join(failed...); err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "%d concurrent unary calls: ok in %v\n", concurrent, time.Since(start).Round(time.Microsecond))
+	fmt.Fprintf(out, "%d unary calls in the server at once: ok in %v\n", concurrent, time.Since(start).Round(time.Microsecond))
 
 	big := make([]byte, size)
 	rand.Read(big)
