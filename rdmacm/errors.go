@@ -260,10 +260,11 @@ func (e *RejectedError) meaning() string {
 		return sidrMeaning(e.Status)
 	}
 	if e.Status == rejectConsumer && e.Refusal == RefusalNone && allZero(e.PrivateData) {
-		// The peer's rdma_cm sends this reason with no data when it finds
-		// no listener for the request, as its application does on reject.
-		return "the peer application rejected the request, or the peer's rdma_cm found no listener for it: " +
-			"one on that port bound to another address"
+		// The peer's CM sends this reason with no data when its rdma_cm
+		// finds no listener for a request, or when an id in the middle of
+		// the handshake is destroyed, as its application does on reject.
+		return "the peer application rejected the request, or the peer's CM did without data: no listener " +
+			"for that address (one on the port bound to another), or the peer's id destroyed mid-handshake"
 	}
 	return rejectMeaning(e.Status)
 }

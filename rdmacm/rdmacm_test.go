@@ -221,11 +221,13 @@ func TestRejectData(t *testing.T) {
 
 func TestRejectedErrorText(t *testing.T) {
 	// A raw dialer's padded reject without data claims no private data.
-	// Reason 28 without data is also what the peer's rdma_cm sends when
-	// the port has a listener but not for the address dialed.
+	// Reason 28 without data is also what the peer's CM sends when the
+	// port has a listener but not for the address dialed, or when an id
+	// is destroyed in the middle of the handshake.
 	e := &RejectedError{Status: rejectConsumer, PrivateData: make([]byte, MaxRejectDataTCP)}
-	assert.Equal(t, "rejected with status 28 (the peer application rejected the request, or the peer's rdma_cm "+
-		"found no listener for it: one on that port bound to another address)", e.Error())
+	assert.Equal(t, "rejected with status 28 (the peer application rejected the request, or the peer's CM did "+
+		"without data: no listener for that address (one on the port bound to another), or the peer's id "+
+		"destroyed mid-handshake)", e.Error())
 	e.PrivateData = []byte("no")
 	assert.Equal(t, "rejected with status 28 (the peer application rejected the request), 2 bytes of private data", e.Error())
 	e = &RejectedError{Status: rejectNoListener}
