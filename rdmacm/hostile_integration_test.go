@@ -322,6 +322,7 @@ func TestHostileAbandonedRequests(t *testing.T) {
 			assert.NoError(t, c.Close())
 		} else {
 			assert.NotErrorIs(t, err, context.DeadlineExceeded, "Accept waited for more than ConnectTimeout")
+			assert.Less(t, took, connectTimeout+2*time.Second, "Accept gave up on the request within its ConnectTimeout")
 		}
 		start = time.Now()
 		requireServes(t, l, addr)

@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
-	"os/exec"
 	"strings"
 	"sync"
 	"testing"
@@ -322,15 +321,19 @@ func stream(ctx context.Context, c *rdmacm.Conn) error {
 	closeStart := time.Now()
 	c.Close()
 	fmt.Printf("closed in %v\n", time.Since(closeStart).Round(time.Millisecond))
-	out, err := exec.Command("rdma", "resource", "show").CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("rdma resource show: %v: %s", err, out)
-	}
-	pid := fmt.Sprintf(" pid %d ", os.Getpid())
-	for _, line := range strings.Split(string(out), "\n") {
-		if strings.Contains(line+" ", pid) {
-			return fmt.Errorf("left behind: %s", line)
+	// Every thread's objects: the kernel names the thread that made one,
+	// and Go makes them on any.
+	var left map[string]int
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if left, err = testbed.Objects(); err != nil || len(left) == 0 || time.Now().After(deadline) {
+			break
 		}
+	}
+	if err != nil {
+		return err
+	}
+	if len(left) > 0 {
+		return fmt.Errorf("left behind: %v", left)
 	}
 	fmt.Println("survivor: ok")
 	return nil

@@ -5,6 +5,7 @@ package resolver_test
 import (
 	"context"
 	"net/netip"
+	"os"
 	"os/exec"
 	"syscall"
 	"testing"
@@ -19,6 +20,15 @@ import (
 	"github.com/rdmago/rdmago/test/testbed"
 	"github.com/rdmago/rdmago/verbs"
 )
+
+func TestMain(m *testing.M) {
+	if _, err := testbed.Load(); err == nil {
+		// librdmacm opens every device at its first use and keeps them:
+		// before the first leak check.
+		rdmacm.OpenDevice("rxe0")
+	}
+	os.Exit(m.Run())
+}
 
 func run(t *testing.T, args ...string) {
 	t.Helper()
@@ -142,26 +152,28 @@ func TestResolveIWARP(t *testing.T) {
 // A manual RC connection built only from resolver output passes data.
 func TestManualConnectionFromResolver(t *testing.T) {
 	rxe := testbed.Require(t).MustDevice(t, "rxe0")
+	testbed.CheckNoLeaks(t)
 	p, err := resolver.Resolve(context.Background(), netip.MustParseAddr(rxe.IPv4), resolver.Options{})
 	require.NoError(t, err)
 	dev, err := verbs.Open(p.Device)
 	require.NoError(t, err)
-	defer dev.Close()
+	defer func() { require.NoError(t, dev.Close()) }()
 	pd, err := dev.AllocPD()
 	require.NoError(t, err)
-	defer pd.Close()
+	defer func() { require.NoError(t, pd.Close()) }()
 	cq, err := dev.CreateCQ(16)
 	require.NoError(t, err)
-	defer cq.Close()
+	defer func() { require.NoError(t, cq.Close()) }()
 	mr, err := pd.RegisterMemory(4096, verbs.AccessLocalWrite)
 	require.NoError(t, err)
-	defer mr.Close()
+	defer func() { require.NoError(t, mr.Close()) }()
 	var qps [2]*verbs.QP
 	for i := range qps {
 		qps[i], err = pd.CreateQP(verbs.QPInit{Type: verbs.QPTypeRC, SendCQ: cq, RecvCQ: cq,
 			Cap: verbs.QPCap{MaxSendWR: 4, MaxRecvWR: 4, MaxSendSGE: 1, MaxRecvSGE: 1}})
 		require.NoError(t, err)
-		defer qps[i].Close()
+		qp := qps[i]
+		defer func() { require.NoError(t, qp.Close()) }()
 	}
 	for i, qp := range qps {
 		peer := qps[1-i]
@@ -196,6 +208,7 @@ func TestManualConnectionFromResolver(t *testing.T) {
 // and the resolver says so, naming the netdevs RDMA runs on.
 func TestResolveLoopbackAgreesWithKernelCM(t *testing.T) {
 	rxe := testbed.Require(t).MustDevice(t, "rxe0")
+	testbed.CheckNoLeaks(t) // the failed dials' ids and resources too
 	for i, dst := range []string{"127.0.0.1", "::1", "0.0.0.0"} {
 		d := netip.MustParseAddr(dst)
 		_, err := resolver.Resolve(context.Background(), d, resolver.Options{})
@@ -217,6 +230,7 @@ func TestResolveLoopbackAgreesWithKernelCM(t *testing.T) {
 func TestResolveIWARPSourceOffTheEgressAgreesWithKernelCM(t *testing.T) {
 	tb := testbed.Require(t)
 	siw := tb.MustDevice(t, "siw0")
+	testbed.CheckNoLeaks(t)
 	run(t, "ip", "link", "add", "dummy-off", "type", "dummy")
 	t.Cleanup(func() { exec.Command("ip", "link", "del", "dummy-off").Run() })
 	run(t, "ip", "link", "set", "dummy-off", "up")
@@ -227,7 +241,7 @@ func TestResolveIWARPSourceOffTheEgressAgreesWithKernelCM(t *testing.T) {
 
 	id, err := rdmacm.NewID(rdmacm.PortSpaceTCP)
 	require.NoError(t, err)
-	defer id.Close()
+	defer func() { require.NoError(t, id.Close()) }()
 	require.NoError(t, id.ResolveAddr(netip.Addr{}, netip.AddrPortFrom(dst, 7900), 2*time.Second))
 	ev, err := id.Event(ctxFor(t, 10*time.Second))
 	require.NoError(t, err)

@@ -41,9 +41,10 @@ func nextEvent(t *testing.T, events <-chan verbs.AsyncEvent, want verbs.EventTyp
 
 func TestAsyncEventsOnRXE(t *testing.T) {
 	rxe := testbed.Require(t).MustDevice(t, "rxe0")
+	checkNoLeaks(t) // the event reader's goroutine and descriptors too
 	dev, err := verbs.Open(rxe.Name)
 	require.NoError(t, err)
-	defer dev.Close()
+	defer func() { require.NoError(t, dev.Close()) }()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	events, err := dev.Events(ctx)

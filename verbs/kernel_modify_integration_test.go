@@ -31,9 +31,10 @@ type kernelLab struct {
 
 func newKernelLab(t *testing.T) *kernelLab {
 	rxe := testbed.Require(t).MustDevice(t, "rxe0")
+	testbed.CheckNoLeaks(t)
 	dev, err := Open(rxe.Name)
 	require.NoError(t, err)
-	t.Cleanup(func() { dev.Close() })
+	t.Cleanup(func() { require.NoError(t, dev.Close()) })
 	pd, err := dev.AllocPD()
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, pd.Close()) })
@@ -170,6 +171,8 @@ func TestModifyModelAgreesWithKernel(t *testing.T) {
 			}
 			t.Logf("%v on %s: %d modifies, the kernel accepted %d and refused %d; the model disagreed on %d",
 				qt, lab.dev.Info.Name, total, accepted, total-accepted, disagree)
+			require.Positive(t, accepted, "some modifies were put to the kernel and accepted")
+			require.Positive(t, total-accepted, "and some refused")
 			for _, b := range beyondTable {
 				t.Logf("%v: refused beyond the kernel's table: %s", qt, b)
 			}

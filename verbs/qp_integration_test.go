@@ -22,20 +22,9 @@ import (
 	"github.com/rdmago/rdmago/verbs"
 )
 
-// resources counts this process's RDMA objects as the kernel sees them.
-func resources(t *testing.T) map[string]int {
-	t.Helper()
-	counts, err := testbed.Objects()
-	require.NoError(t, err)
-	return counts
-}
-
-func checkNoLeaks(t *testing.T) {
-	before := resources(t)
-	t.Cleanup(func() {
-		assert.Equal(t, before, resources(t), "every QP, CQ, MR and PD the test made is released")
-	})
-}
+// checkNoLeaks is every package's leak check: RDMA objects, descriptors
+// (devices, completion channels) and goroutines (the event readers).
+func checkNoLeaks(t *testing.T) { testbed.CheckNoLeaks(t) }
 
 // endpointQP is one side of a hand-connected pair.
 type endpointQP struct {

@@ -88,6 +88,9 @@ func TestKeepaliveNoticesASilentPeerIWARP(t *testing.T) {
 	assert.NoError(t, serr, "server:\n%s", sout)
 	// The client's link stayed up: only the probes can tell it.
 	assert.Contains(t, cout.String(), "saw the peer stop answering")
+	// Each end released everything once its connection failed.
+	assert.Contains(t, cout.String(), "client: leaked: none")
+	assert.Contains(t, sout.String(), "server: leaked: none")
 }
 
 // Busy connections with a short keepalive stay up: the probes that go out

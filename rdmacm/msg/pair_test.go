@@ -164,6 +164,9 @@ func TestTwoGuestsFaultMatrix(t *testing.T) {
 		table.add(row)
 		assert.Positive(t, sent)
 		assert.Equal(t, "none", row.leaked)
+		if survived {
+			assert.Equal(t, sent, got, "%s: the connection survived, and every message sent arrives", dev)
+		}
 		if dev == "rxe0" {
 			// RoCE retransmits through a short flap: it must survive whole.
 			assert.True(t, survived, "%s source:\n%s\nsink:\n%s", dev, e.srcOut, e.sinkOut)

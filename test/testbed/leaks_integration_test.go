@@ -3,11 +3,16 @@
 package testbed
 
 import (
+	"context"
 	"fmt"
+	"net/netip"
 	"os"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/rdmago/rdmago/rdmacm"
+	"github.com/rdmago/rdmago/verbs"
 )
 
 // leakRecorder is a testing.TB whose cleanups and errors the test runs
@@ -84,6 +89,81 @@ func TestLeaksSinceSeesLeaks(t *testing.T) {
 	close(stop)
 	<-done
 	f.Close()
+	if leaks := LeaksSince(s, 5*time.Second); leaks != nil {
+		t.Errorf("everything was released, yet: %q", leaks)
+	}
+}
+
+// The leak checks count the RDMA objects themselves, from the kernel's
+// resource tracking: a PD and a CM id left open are named (by kind and
+// count), whichever thread made them, and nothing once they are gone.
+// Without this, a change in 'rdma resource show' would leave every
+// package's leak check counting nothing and passing. The kernel tracks a
+// CM id only once it is bound to a device (cma_attach_to_dev): an id that
+// never resolved an address is invisible to these checks.
+func TestLeakChecksSeeRDMAObjects(t *testing.T) {
+	rxe := Require(t).MustDevice(t, "rxe0")
+	dst := netip.AddrPortFrom(netip.MustParseAddr(rxe.IPv4), 7999)
+	resolved := func() *rdmacm.ID {
+		id, err := rdmacm.NewID(rdmacm.PortSpaceTCP)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := id.ResolveAddr(netip.Addr{}, dst, 2*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if ev, err := id.Event(ctx); err != nil || ev.Type != rdmacm.EventAddrResolved {
+			t.Fatalf("resolving %v: %v %v", dst, ev, err)
+		}
+		return id
+	}
+	// librdmacm opens every device at its first resolve and keeps their
+	// descriptors: before the snapshot. (The PD it allocates on a device
+	// lives as long as an id is bound there: the second "pd" below.)
+	if err := resolved().Close(); err != nil {
+		t.Fatal(err)
+	}
+	s, err := TakeSnapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(s.Objects) != 0 {
+		t.Fatalf("no RDMA object before the test, not %v", s.Objects)
+	}
+	leaky := &leakRecorder{TB: t}
+	CheckNoLeaks(leaky)
+	dev, err := verbs.Open(rxe.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pd, err := dev.AllocPD()
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := resolved()
+	since := strings.Join(LeaksSince(s, 0), "\n")
+	for _, f := range leaky.cleanups {
+		f()
+	}
+	checked := strings.Join(leaky.errors, "\n")
+	const want = "map[cm_id:1 pd:2]"
+	if !strings.Contains(since, want) {
+		t.Errorf("LeaksSince missed them: want %q in %q", want, since)
+	}
+	if !strings.Contains(checked, "RDMA objects not released") || !strings.Contains(checked, want) {
+		t.Errorf("CheckNoLeaks missed them: want %q in %q", want, checked)
+	}
+	if err := id.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := pd.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := dev.Close(); err != nil {
+		t.Fatal(err)
+	}
 	if leaks := LeaksSince(s, 5*time.Second); leaks != nil {
 		t.Errorf("everything was released, yet: %q", leaks)
 	}
