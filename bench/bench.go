@@ -1026,8 +1026,8 @@ func (b *bench) streams(ctx context.Context, devs map[string]string) error {
 		b.printf("`examples/streambench` against perftest over rdma_cm (`-R`), busy-polling as perftest does by default (ours sleep\n")
 		b.printf("in Go's poller). Stream: %d MiB per connection in 64 KiB writes, one connection and\n", bwBytes>>20)
 	}
-	b.printf("eight, against `ib_send_bw -R -s 65536` (and, for context, `ib_write_bw -R -Q 16`, which busy-polls: WRITE has no\n")
-	b.printf("event mode); message rate: %d 64-byte messages; round\n", rateN)
+	b.printf("eight, against `ib_send_bw -R -s 65536` and `ib_write_bw -R -Q 16` (which busy-polls: WRITE has no event mode;\n")
+	b.printf("its server at idle priority, as above), both judged; message rate: %d 64-byte messages; round\n", rateN)
 	b.printf("trip: %d 64-byte round trips, half of one, against `ib_send_lat -R` t_typical. MB as perftest counts them. TCP is the\n", latN)
 	b.printf("same stream over the kernel's TCP on the same netdev, for context.\n\n")
 	b.printf("| device | figure | C | Go | Go/C | Go/C by round | target |\n|---|---|---:|---:|---:|---|---|\n")
@@ -1096,7 +1096,12 @@ func (b *bench) streams(ctx context.Context, devs map[string]string) error {
 		row("stream, 1 connection, MB/s (C: ib_send_bw)", sendBW, one, "%.1f", minStreamRatio, fmt.Sprintf("≥ %.2f: %s", minStreamRatio, verdict(ratio >= minStreamRatio)))
 		ratio = median(eight) / median(sendBW)
 		row("stream, 8 connections, MB/s (C: ib_send_bw)", sendBW, eight, "%.1f", minStreamRatio, fmt.Sprintf("≥ %.2f: %s", minStreamRatio, verdict(ratio >= minStreamRatio)))
-		row("stream, 1 connection, MB/s (C: ib_write_bw)", writeBW, one, "%.1f", 0, "context")
+		// The issue judges the stream against both: SEND, as the stream
+		// uses, and WRITE, the fastest way to move the same bytes.
+		ratio = median(one) / median(writeBW)
+		row("stream, 1 connection, MB/s (C: ib_write_bw)", writeBW, one, "%.1f", minStreamRatio, fmt.Sprintf("≥ %.2f: %s", minStreamRatio, verdict(ratio >= minStreamRatio)))
+		ratio = median(eight) / median(writeBW)
+		row("stream, 8 connections, MB/s (C: ib_write_bw)", writeBW, eight, "%.1f", minStreamRatio, fmt.Sprintf("≥ %.2f: %s", minStreamRatio, verdict(ratio >= minStreamRatio)))
 		ratio = median(rate) / median(sendRate)
 		row("64 B messages per second (C: ib_send_bw)", sendRate, rate, "%.0f", minMsgRateRatio, fmt.Sprintf("≥ %.2f: %s", minMsgRateRatio, verdict(ratio >= minMsgRateRatio)))
 		ratio = median(msgLat) / median(lat)
