@@ -331,6 +331,9 @@ type strictHandle struct {
 	t    *testing.T
 	life sync.Mutex
 	dead bool
+	// entered, if set, is closed when Disconnect begins.
+	entered     chan struct{}
+	enteredOnce sync.Once
 }
 
 func (h *strictHandle) Destroy() error {
@@ -351,6 +354,9 @@ func (h *strictHandle) check(call string) {
 func (h *strictHandle) Context() *ibv.Context  { h.check("Context"); return nil }
 func (h *strictHandle) Transport() (int, bool) { h.check("Transport"); return 0, false }
 func (h *strictHandle) Disconnect() error {
+	if h.entered != nil {
+		h.enteredOnce.Do(func() { close(h.entered) })
+	}
 	time.Sleep(20 * time.Millisecond) // a slow call, for Close to race
 	h.check("Disconnect")
 	return nil
@@ -378,9 +384,11 @@ func TestCloseNeverFreesTheIDUnderACall(t *testing.T) {
 	id, err := ch.newID(PortSpaceTCP)
 	require.NoError(t, err)
 
+	h := id.h.(*strictHandle)
+	h.entered = make(chan struct{})
 	done := make(chan error)
 	go func() { done <- id.Disconnect() }()
-	time.Sleep(5 * time.Millisecond)
+	<-h.entered // the call is under way in C when Close comes
 	require.NoError(t, id.Close())
 	require.NoError(t, <-done, "the call that began before Close completes")
 	assert.ErrorIs(t, id.Disconnect(), ErrClosed, "and one after it is refused")

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rdmago/rdmago/rdmacm"
+	"github.com/rdmago/rdmago/test/testbed"
 )
 
 // (This file sorts last: the removed device lingers until the process exits.)
@@ -30,7 +31,7 @@ func TestDeviceRemoval(t *testing.T) {
 	run(t, "ip", "link", "set", "veth-gone", "up")
 	run(t, "ip", "addr", "add", "10.70.0.1/24", "dev", "veth-gone")
 	run(t, "rdma", "link", "add", "rxegone", "type", "rxe", "netdev", "veth-gone")
-	time.Sleep(500 * time.Millisecond) // the port goes ACTIVE
+	testbed.WaitPortActive(t, "rxegone")
 
 	d := device{name: "rxegone", addr: "10.70.0.1"}
 	client, server := pair(t, d, rdmacm.ConnConfig{})

@@ -313,7 +313,9 @@ func rawFrame(typ frameType, flags uint8, grant uint32, p []byte) []byte {
 }
 
 // A peer that breaks the protocol ends its connection, with an error that
-// says what it sent; the peer is disconnected, and nothing leaks.
+// says what it sent; the peer is disconnected, and nothing leaks. Nothing
+// else is touched: a bystander connection on the same listener talks both
+// ways after, and the listener serves the next dialer.
 func TestProtocolAbuse(t *testing.T) {
 	rawHello := hello{version: Version, replySlots: 4, credits: 8, maxMessage: 4096}.marshal()
 	hello := rawFrame(frameHello, 0, 8, nil)
@@ -342,11 +344,21 @@ func TestProtocolAbuse(t *testing.T) {
 				ctx := ctxFor(t, 30*time.Second)
 				l, addr := listen(t, d, &Config{MaxMessageSize: 1024, Credits: 2})
 				accepted := make(chan *Conn, 1)
-				go func() {
+				accept := func() {
 					c, err := l.Accept(ctx)
 					assert.NoError(t, err)
 					accepted <- c
-				}()
+				}
+				// A bystander on the same listener, up before the abuse.
+				go accept()
+				bc, err := Dial(ctx, nil, addr, nil)
+				require.NoError(t, err)
+				defer bc.Close()
+				bs := <-accepted
+				require.NotNil(t, bs)
+				defer bs.Close()
+
+				go accept()
 				p, err := rawDial(t, addr, rawHello)
 				require.NoError(t, err)
 				server := <-accepted
@@ -382,6 +394,18 @@ func TestProtocolAbuse(t *testing.T) {
 				start := time.Now()
 				require.NoError(t, server.Close())
 				t.Logf("%s: Close took %v", d.name, time.Since(start).Round(time.Millisecond))
+				assert.Less(t, time.Since(start), 5*time.Second, "Close of the abused connection")
+
+				// Nothing else was touched: the bystander talks both ways,
+				// and the listener serves the next dialer.
+				for _, ends := range [][2]*Conn{{bc, bs}, {bs, bc}} {
+					require.NoError(t, ends[0].Send(ctx, []byte("still here")))
+					m, err := ends[1].Recv(ctx)
+					require.NoError(t, err)
+					assert.Equal(t, "still here", string(m.Bytes()))
+					m.Release()
+				}
+				requireMessageServes(t, ctx, l, addr)
 			})
 		})
 	}

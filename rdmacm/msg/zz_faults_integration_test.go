@@ -74,7 +74,7 @@ func TestSiwEndsConnectionsOnNetdevDown(t *testing.T) {
 
 	// The device itself is fine once the link is back: a new connection
 	// works.
-	time.Sleep(500 * time.Millisecond) // the port goes ACTIVE again
+	testbed.WaitPortActive(t, d.name)
 	client, server = openPair(t, d, nil)
 	sent = sendNumbered(t, ctx, client, 5)
 	assert.Equal(t, sent, receiveInOrder(t, ctx, server, sent))
@@ -310,7 +310,7 @@ func ownDeviceRows(t *testing.T, kind string, bound time.Duration) []faultRow {
 	sh(t, "ip", "link", "set", netdev, "up")
 	sh(t, "ip", "addr", "add", ip+"/24", "dev", netdev)
 	sh(t, "rdma", "link", "add", name, "type", kind, "netdev", netdev)
-	time.Sleep(500 * time.Millisecond) // the port goes ACTIVE
+	testbed.WaitPortActive(t, name)
 	d := device{name: name, addr: ip, iwarp: kind == "siw"}
 	// librdmacm opens a new device on first use and keeps it: not a leak.
 	_, err := rdmacm.OpenDevice(name)
@@ -416,7 +416,7 @@ func ownDeviceRows(t *testing.T, kind string, bound time.Duration) []faultRow {
 	}
 	require.NoError(t, addErr, "adding %s again on %s", kind, netdev)
 	t.Cleanup(func() { exec.Command("rdma", "link", "delete", again).Start() })
-	time.Sleep(500 * time.Millisecond)
+	testbed.WaitPortActive(t, again)
 	_, err = rdmacm.OpenDevice(again)
 	require.NoError(t, err)
 	snap, err = testbed.TakeSnapshot()

@@ -32,7 +32,10 @@ func forEachDevice(t *testing.T, f func(t *testing.T, d device)) {
 	top := testbed.Require(t)
 	for _, name := range []string{"rxe0", "siw0"} {
 		d := top.MustDevice(t, name)
-		t.Run(name, func(t *testing.T) { f(t, device{d.Name, d.IPv4}) })
+		t.Run(name, func(t *testing.T) {
+			testbed.CheckNoRNR(t, d.Name) // the credits keep every SEND to a posted receive
+			f(t, device{d.Name, d.IPv4})
+		})
 	}
 }
 
@@ -128,6 +131,11 @@ func connPair(t *testing.T, d device, cfg *msg.Config) (net.Conn, net.Conn) {
 	c1, c2, stop, err := pipe(d, cfg)()
 	require.NoError(t, err)
 	t.Cleanup(stop)
+	// Each end's addresses are the other's, swapped, on RoCE and iWARP.
+	assert.Equal(t, c1.LocalAddr().String(), c2.RemoteAddr().String())
+	assert.Equal(t, c1.RemoteAddr().String(), c2.LocalAddr().String())
+	assert.Equal(t, d.addr, c2.LocalAddr().(Addr).Addr().String())
+	assert.Equal(t, "rdma", c1.LocalAddr().Network())
 	return c1, c2
 }
 
@@ -338,6 +346,17 @@ func peerMain(addr string) {
 		fmt.Println("dial:", err)
 		os.Exit(1)
 	}
+	if os.Getenv("STREAM_TEST_PEER_BUSY") != "" {
+		// Mid-stream: write without end until killed, reading nothing.
+		fmt.Println("writing")
+		buf := make([]byte, 64<<10)
+		for {
+			if _, err := c.Write(buf); err != nil {
+				fmt.Println("write:", err)
+				os.Exit(1)
+			}
+		}
+	}
 	if _, err := c.Write([]byte("written before dying")); err != nil {
 		fmt.Println("write:", err)
 		os.Exit(1)
@@ -390,6 +409,68 @@ func TestPeerDeath(t *testing.T) {
 		t.Logf("%s: Read after the peer died: %v", d.name, err)
 		_, err = c.Write([]byte("to no one"))
 		assert.Error(t, err)
+		start := time.Now()
+		c.Close()
+		assert.Less(t, time.Since(start), 5*time.Second)
+	})
+}
+
+// A peer process that dies mid-stream, both ways busy: it writes without
+// end and reads nothing, while this side reads and has a 16 MiB Write
+// blocked on it. Both pending calls fail (not io.EOF, not the deadline),
+// and Close does not hang.
+func TestPeerDeathMidStream(t *testing.T) {
+	forEachDevice(t, func(t *testing.T, d device) {
+		checkNoLeaks(t)
+		l, err := Listen(context.Background(), nil, d.next(), nil)
+		require.NoError(t, err)
+		defer l.Close()
+		exe, err := os.Executable()
+		require.NoError(t, err)
+		cmd := exec.Command(exe, "-test.run=^$")
+		cmd.Env = append(os.Environ(), "STREAM_TEST_PEER="+l.Addr().String(), "STREAM_TEST_PEER_BUSY=1")
+		out, err := cmd.StdoutPipe()
+		require.NoError(t, err)
+		require.NoError(t, cmd.Start())
+		defer cmd.Wait()
+		defer cmd.Process.Kill()
+		c, err := l.Accept()
+		require.NoError(t, err)
+		defer c.Close()
+		line, err := bufio.NewReader(out).ReadString('\n')
+		require.NoError(t, err)
+		require.Equal(t, "writing\n", line)
+		require.NoError(t, c.SetDeadline(time.Now().Add(60*time.Second)))
+
+		type result struct {
+			n   int64
+			err error
+		}
+		read, wrote := make(chan result, 1), make(chan result, 1)
+		go func() {
+			n, err := io.Copy(io.Discard, c)
+			read <- result{n, err}
+		}()
+		go func() {
+			n, err := c.Write(make([]byte, 16<<20))
+			wrote <- result{int64(n), err}
+		}()
+		time.Sleep(time.Second) // bytes flow in, the Write blocks
+		require.NoError(t, cmd.Process.Kill())
+		for name, ch := range map[string]chan result{"Read": read, "Write": wrote} {
+			select {
+			case r := <-ch:
+				require.Error(t, r.err, "%s after the peer died", name)
+				assert.NotErrorIs(t, r.err, io.EOF)
+				assert.NotErrorIs(t, r.err, os.ErrDeadlineExceeded, "the death is noticed, not the deadline")
+				t.Logf("%s: %s ended after %d bytes: %v", d.name, name, r.n, r.err)
+				if name == "Read" {
+					assert.Positive(t, r.n, "bytes flowed before the death")
+				}
+			case <-time.After(45 * time.Second):
+				t.Fatalf("%s still blocked 45 s after the peer died", name)
+			}
+		}
 		start := time.Now()
 		c.Close()
 		assert.Less(t, time.Since(start), 5*time.Second)
