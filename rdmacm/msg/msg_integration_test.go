@@ -19,6 +19,7 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -787,6 +788,11 @@ func TestIdleConnectionsCostOneGoroutineAndNoCPU(t *testing.T) {
 			require.NoError(t, c.Send(ctx, []byte("x")))
 			m, err := s.Recv(ctx)
 			require.NoError(t, err)
+			// Received without a copy: the message is in the registered
+			// receive buffers the NIC wrote.
+			at := uint64(uintptr(unsafe.Pointer(&m.Bytes()[0])))
+			assert.True(t, at >= s.recvMR.Addr() && at < s.recvMR.Addr()+uint64(len(s.recvMR.Bytes())),
+				"the message at %#x lies in the receive buffers", at)
 			m.Release()
 			conns = append(conns, c, s)
 		}
@@ -797,13 +803,52 @@ func TestIdleConnectionsCostOneGoroutineAndNoCPU(t *testing.T) {
 		assert.LessOrEqual(t, after-before, len(conns)+pairs, "%d connections and %d listeners, %d more goroutines",
 			len(conns), pairs, after-before)
 
-		var r0, r1 syscall.Rusage
-		require.NoError(t, syscall.Getrusage(syscall.RUSAGE_SELF, &r0))
-		time.Sleep(time.Second)
-		require.NoError(t, syscall.Getrusage(syscall.RUSAGE_SELF, &r1))
-		cpu := time.Duration(r1.Utime.Nano()-r0.Utime.Nano()) + time.Duration(r1.Stime.Nano()-r0.Stime.Nano())
+		cpuOverASecond := func() time.Duration {
+			var r0, r1 syscall.Rusage
+			require.NoError(t, syscall.Getrusage(syscall.RUSAGE_SELF, &r0))
+			time.Sleep(time.Second)
+			require.NoError(t, syscall.Getrusage(syscall.RUSAGE_SELF, &r1))
+			return time.Duration(r1.Utime.Nano()-r0.Utime.Nano()) + time.Duration(r1.Stime.Nano()-r0.Stime.Nano())
+		}
+		cpu := cpuOverASecond()
 		t.Logf("%s: %d idle connections: %d more goroutines, %v of CPU in 1 s", d.name, len(conns), after-before, cpu)
 		assert.Less(t, cpu, 100*time.Millisecond, "idle connections do not poll")
+
+		// Blocked calls wait on the poller too: a Recv on every connection,
+		// and a Send short of credit (a receiver that takes nothing).
+		done := make(chan error, len(conns)+1)
+		for _, c := range conns {
+			go func() {
+				_, err := c.Recv(ctx)
+				done <- err
+			}()
+		}
+		sc, sr := pair(t, d, nil, &Config{Credits: 2})
+		go func() {
+			for {
+				if err := sc.Send(ctx, []byte("x")); err != nil {
+					done <- err
+					return
+				}
+			}
+		}()
+		time.Sleep(200 * time.Millisecond) // the Recvs wait, the Send ran out of credit
+		cpu = cpuOverASecond()
+		t.Logf("%s: %d blocked Recvs and a Send short of credit: %v of CPU in 1 s", d.name, len(conns), cpu)
+		assert.Less(t, cpu, 100*time.Millisecond, "blocked calls do not poll")
+		select {
+		case err := <-done:
+			t.Fatalf("a call that should still wait returned: %v", err)
+		default:
+		}
+		// Each blocked call ends with a Close (pair's cleanup checks the
+		// Close errors).
+		for _, c := range append(conns, sr, sc) {
+			c.Close()
+		}
+		for range len(conns) + 1 {
+			<-done
+		}
 	})
 }
 
