@@ -334,6 +334,7 @@ func TestDialTracesItsSteps(t *testing.T) {
 }
 
 func TestDialBadInput(t *testing.T) {
+	checkNoLeaks(t)
 	ctx := ctxFor(t, 5*time.Second)
 	_, err := rdmacm.Dial(ctx, "nowhere")
 	assert.ErrorContains(t, err, "nowhere")

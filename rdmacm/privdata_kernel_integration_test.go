@@ -158,6 +158,7 @@ func requireConnectError(t *testing.T, res dialResult) {
 
 func TestKernelRejectLimit(t *testing.T) {
 	forEachKernelCase(t, func(t *testing.T, k kernelCase) {
+		testbed.CheckNoLeaks(t) // the error paths release what they made
 		ctx := ctxWithin(t, 30*time.Second)
 		limit, _ := wireLimit(k.cm, k.ps, msgReject)
 		over, at := pattern(limit+1, 3), pattern(limit, 5)
@@ -198,6 +199,7 @@ func kernelAccept(ctx context.Context, r *request, data []byte) (*conn, error) {
 
 func TestKernelAcceptLimit(t *testing.T) {
 	forEachKernelCase(t, func(t *testing.T, k kernelCase) {
+		testbed.CheckNoLeaks(t) // the error paths release what they made
 		ctx := ctxWithin(t, 30*time.Second)
 		limit, _ := wireLimit(k.cm, k.ps, msgAccept)
 		over, at := pattern(limit+1, 3), pattern(limit, 5)
@@ -227,6 +229,7 @@ func TestKernelAcceptLimit(t *testing.T) {
 
 func TestKernelConnectLimit(t *testing.T) {
 	forEachKernelCase(t, func(t *testing.T, k kernelCase) {
+		testbed.CheckNoLeaks(t) // the error paths release what they made
 		ctx := ctxWithin(t, 30*time.Second)
 		limit, _ := wireLimit(k.cm, k.ps, msgConnect)
 		for _, n := range []int{limit + 1, limit} {
