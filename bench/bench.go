@@ -925,11 +925,12 @@ func (b *bench) goBench(ctx context.Context, _ map[string]string) error {
 
 // streamResult is what examples/streambench prints with -json.
 type streamResult struct {
-	MBps     float64 `json:"MBps"`
-	Rate     float64 `json:"msgs_per_s"`
-	LatUs    float64 `json:"half_rtt_us"`
-	CgoCalls float64 `json:"cgo_calls_per_op"`
-	Allocs   float64 `json:"allocs_per_op"`
+	MBps       float64 `json:"MBps"`
+	Rate       float64 `json:"msgs_per_s"`
+	LatUs      float64 `json:"half_rtt_us"`
+	CgoCalls   float64 `json:"cgo_calls_per_op"`
+	Allocs     float64 `json:"allocs_per_op"`
+	Registered int     `json:"registered_per_conn"` // bytes, as the connection reports them
 }
 
 // streamBench runs a streambench server of kind at addr and one client
@@ -1032,6 +1033,7 @@ func (b *bench) streams(ctx context.Context, devs map[string]string) error {
 	b.printf("same stream over the kernel's TCP on the same netdev, for context.\n\n")
 	b.printf("| device | figure | C | Go | Go/C | Go/C by round | target |\n|---|---|---:|---:|---:|---|---|\n")
 	var counters []counterRow
+	var msgReg, streamReg int // bytes per connection, from the last run that reported them
 	port := func(dev string) netip.AddrPort {
 		return netip.AddrPortFrom(netip.MustParseAddr(devs[dev]), uint16(b.nextPort()))
 	}
@@ -1073,12 +1075,16 @@ func (b *bench) streams(ctx context.Context, devs map[string]string) error {
 					return err
 				}
 				*m.dst = append(*m.dst, g.MBps*1e6/unit)
+				if m.kind == "stream" {
+					streamReg = g.Registered
+				}
 			}
 			g, err := b.streamBench(ctx, port(dev), "msg", "-mode", "rate", "-size", "64", "-n", fmt.Sprint(rateN))
 			if err != nil {
 				return err
 			}
 			rate = append(rate, g.Rate)
+			msgReg = g.Registered
 			if g, err = b.streamBench(ctx, port(dev), "msg", "-mode", "lat", "-size", "64", "-n", fmt.Sprint(latN)); err != nil {
 				return err
 			}
@@ -1117,10 +1123,10 @@ func (b *bench) streams(ctx context.Context, devs map[string]string) error {
 			counters = append(counters, rows...)
 		}
 	}
-	b.printf("\nRegistered memory per message connection (defaults: 32 credits, 32 send buffers, 16 KiB messages): " +
-		"(32+5) receive and (32+4) send buffers of 16 KiB plus the 12-byte header, rounded up to 64 bytes: about 1.2 MB. " +
-		"Per stream connection (the stream's defaults: 8 credits, 8 send buffers, 64 KiB messages): (8+5) receive and (8+4) " +
-		"send buffers of 64 KiB plus the header: about 1.6 MB. Each also registers 16 bytes for keepalive probes.\n\n")
+	b.printf("\nRegistered memory per connection, as the connections report it (msg.Conn.Registered: their receive and "+
+		"send buffers and 16 bytes for keepalive probes): %d bytes (%.2f MB) for a message connection with msg's defaults "+
+		"(32 credits, 32 send buffers, 16 KiB messages), %d bytes (%.2f MB) for a stream connection with the stream's "+
+		"(8 credits, 8 send buffers, 64 KiB messages).\n\n", msgReg, float64(msgReg)/1e6, streamReg, float64(streamReg)/1e6)
 	b.counterTable("per 64 KiB write (stream), message (rate) and round trip", counters)
 	return nil
 }

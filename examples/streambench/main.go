@@ -89,6 +89,8 @@ type result struct {
 	Rate    float64 `json:"msgs_per_s,omitempty"`  // rate
 	LatUs   float64 `json:"half_rtt_us,omitempty"` // lat: median half round trip
 	P99Us   float64 `json:"half_rtt_p99_us,omitempty"`
+	// Registered is the memory one connection registered with its device.
+	Registered int `json:"registered_per_conn,omitempty"`
 	// The client's cgo crossings and allocations per round trip (lat),
 	// message (rate) or write (bw).
 	profile.PerOp
@@ -133,6 +135,9 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		fmt.Fprintf(out, "%s: %d-byte messages: %.0f messages/s\n", c.kind, c.size, r.Rate)
 	case "lat":
 		fmt.Fprintf(out, "%s: %d-byte round trips: %.1f µs half round trip (p99 %.1f)\n", c.kind, c.size, r.LatUs, r.P99Us)
+	}
+	if r.Registered > 0 {
+		fmt.Fprintf(out, "%s: %d bytes of memory registered per connection\n", c.kind, r.Registered)
 	}
 	return nil
 }
@@ -271,6 +276,9 @@ func measureStream(ctx context.Context, c config) (result, error) {
 			return r, err
 		}
 	}
+	if s, ok := conns[0].(*stream.Conn); ok {
+		r.Registered = s.Msg().Registered()
+	}
 	errs := make(chan error, c.conns)
 	var wg sync.WaitGroup
 	counted := profile.Count()
@@ -397,6 +405,7 @@ func measureMsg(ctx context.Context, c config) (result, error) {
 		return r, err
 	}
 	defer conn.Close()
+	r.Registered = conn.Registered()
 	buf := make([]byte, c.size)
 	if c.mode == "rate" {
 		if err := conn.Send(ctx, []byte(fmt.Sprintf("rate %d", c.n))); err != nil {

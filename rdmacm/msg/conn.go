@@ -173,6 +173,8 @@ type Conn struct {
 	sendMR   *verbs.MR
 	sendSize int
 	nSend    int
+	// registered is the bytes of the connection's MRs (Registered).
+	registered int
 
 	mu      sync.Mutex
 	led     ledger
@@ -304,6 +306,10 @@ func newConn(rc *rdmacm.Conn, o *Config, local, peer hello, pool, probe *verbs.M
 		return nil, fmt.Errorf("register %d send buffers of %d bytes: %w", c.nSend+replySlots, c.sendSize, err)
 	}
 	c.sendMR = mr
+	c.registered = len(pool.Bytes()) + len(mr.Bytes())
+	if probe != nil {
+		c.registered += len(probe.Bytes())
+	}
 	c.postSeq, c.frameSeq, c.signaled = make([]uint64, c.nSend), make([]uint32, c.nSend), make([]bool, c.nSend)
 	// Reuse then waits for the peer's grants. With at least as many buffers
 	// as the peer has credits for messages (its hello counts one more, kept
@@ -334,6 +340,11 @@ func newConn(rc *rdmacm.Conn, o *Config, local, peer hello, pool, probe *verbs.M
 // MaxMessageSize is the largest message either side may send: the smaller
 // of both sides' Config.MaxMessageSize.
 func (c *Conn) MaxMessageSize() int { return c.max }
+
+// Registered is how many bytes of memory the connection registered with
+// its device, pinned for its life: its receive and send buffers (see
+// Config) and the keepalive probes' few bytes.
+func (c *Conn) Registered() int { return c.registered }
 
 // LocalAddr and RemoteAddr are the connection's IP addresses and ports.
 func (c *Conn) LocalAddr() netip.AddrPort  { return c.local }

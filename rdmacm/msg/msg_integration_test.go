@@ -1044,3 +1044,21 @@ func fullPayload(i, size int) []byte {
 	}
 	return b
 }
+
+// Registered is what the connection holds registered in the kernel: the
+// MRs a pair adds to this process are, by the kernel's own lengths, the
+// two ends' Registered; with msg's defaults, about 1.2 MB each.
+func TestRegisteredIsWhatTheKernelHolds(t *testing.T) {
+	forEachDevice(t, func(t *testing.T, d device) {
+		checkNoLeaks(t)
+		before, err := testbed.RegisteredBytes()
+		require.NoError(t, err)
+		client, server := pair(t, d, nil, nil)
+		after, err := testbed.RegisteredBytes()
+		require.NoError(t, err)
+		assert.Equal(t, after-before, client.Registered()+server.Registered(), "by the kernel's MR lengths")
+		assert.Equal(t, client.Registered(), server.Registered(), "the same defaults on both ends")
+		assert.InDelta(t, 1.2e6, float64(client.Registered()), 0.1e6)
+		t.Logf("%s: %d bytes registered per connection", d.name, client.Registered())
+	})
+}

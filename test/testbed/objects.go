@@ -66,3 +66,42 @@ func countOwned(out string, tids map[int]bool) int {
 	}
 	return n
 }
+
+// RegisteredBytes sums, inside a guest, the lengths of the memory regions
+// this process holds (every thread's), as 'rdma resource show mr' lists
+// them.
+func RegisteredBytes() (int, error) {
+	tids, err := threadIDs()
+	if err != nil {
+		return 0, err
+	}
+	out, err := exec.Command("rdma", "resource", "show", "mr").CombinedOutput()
+	if err != nil {
+		return 0, fmt.Errorf("testbed: rdma resource show mr: %w: %s", err, out)
+	}
+	return sumOwned(string(out), "mrlen", tids), nil
+}
+
+// sumOwned sums the field named key of the lines of 'rdma resource show'
+// output whose "pid" is one of tids.
+func sumOwned(out, key string, tids map[int]bool) int {
+	sum := 0
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Fields(line)
+		owned, v := false, 0
+		for i := 0; i+1 < len(f); i++ {
+			switch f[i] {
+			case "pid":
+				if id, err := strconv.Atoi(f[i+1]); err == nil && tids[id] {
+					owned = true
+				}
+			case key:
+				v, _ = strconv.Atoi(f[i+1])
+			}
+		}
+		if owned {
+			sum += v
+		}
+	}
+	return sum
+}
