@@ -45,8 +45,9 @@ func (d *Dialer) Dial(ctx context.Context, address string) (*Conn, error) {
 // DialUD reaches a UD listener (see [ListenConfig.ListenUD]) at address
 // through the CM's UDP port space: the answer carries the listener's QP
 // number and qkey, and the returned endpoint's Peer addresses it. Its
-// errors are Dial's; a listener that rejects the request gives
-// ErrRejected.
+// errors are Dial's; a listener that rejects the request, and a port with
+// no UD listener (the peer's CM answers at once), give ErrRejected, whose
+// *RejectedError says which.
 func (d *Dialer) DialUD(ctx context.Context, address string) (*UDConn, error) {
 	c, err := d.dial(ctx, verbs.QPTypeUD, address)
 	if err != nil {

@@ -307,7 +307,10 @@ func sidrMeaning(status int) string {
 	case sidrNoListener:
 		return "UD: no listener on that address and port at the peer (SIDR status 1, service ID unsupported)"
 	case sidrReject:
-		return "UD: the peer rejected the service ID request"
+		// The peer's CM sends it too when its rdma_cm finds no listener
+		// for the address (cm_destroy_id in SIDR_REQ_RCVD).
+		return "UD: the peer rejected the service ID request, or its rdma_cm found no listener for that " +
+			"address (one on the port bound to another)"
 	case sidrNoQP:
 		return "UD: the peer's listener has no QP for the request (SIDR status 3)"
 	case sidrRedirect:

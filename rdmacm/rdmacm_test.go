@@ -233,7 +233,8 @@ func TestRejectedErrorText(t *testing.T) {
 	e = &RejectedError{Status: rejectNoListener}
 	assert.Equal(t, "rejected with status 8 (no listener on that address and port)", e.Error())
 	e = &RejectedError{Status: sidrReject, ud: true}
-	assert.Equal(t, "rejected with status 2 (UD: the peer rejected the service ID request)", e.Error())
+	assert.Equal(t, "rejected with status 2 (UD: the peer rejected the service ID request, or its rdma_cm found "+
+		"no listener for that address (one on the port bound to another))", e.Error())
 	assert.True(t, e.ConsumerReject())
 	assert.False(t, (&RejectedError{Status: sidrReject}).ConsumerReject(), "status 2 of a REJ is no consumer reject")
 	e = &RejectedError{Status: sidrNoListener, ud: true}

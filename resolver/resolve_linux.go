@@ -220,9 +220,13 @@ func resolve(ctx context.Context, dst netip.Addr, opts Options) (*Path, error) {
 		// held by another netdev is fine, and the iWARP TCP stream is sent
 		// from it (Linux's weak host model). RoCE, whose GID is the
 		// address, has no such freedom.
-		if owner, err := linkWithAddr(src); bound == nil && err == nil && owner.Attrs().Index != p.NetdevIndex {
-			p.note("source %v is on %s, not on the egress %s: iWARP takes the device by the egress netdev, "+
-				"and the TCP stream leaves from %v all the same", src, owner.Attrs().Name, p.Netdev, src)
+		if owner, err := linkWithAddr(src); bound == nil && (err != nil || owner.Attrs().Index != p.NetdevIndex) {
+			where := "held by no netdev"
+			if err == nil {
+				where = "on " + owner.Attrs().Name
+			}
+			p.note("source %v is %s, not on the egress %s: iWARP takes the device by the egress netdev, "+
+				"and the TCP stream leaves from %v all the same", src, where, p.Netdev, src)
 		}
 		p.note("iWARP: no GID to choose; the iWARP CM connects by IP address and moves the QP itself")
 		return p, nil

@@ -139,7 +139,9 @@ type PortInfo struct {
 	// limits the drivers hold QPAttr.MaxRdAtomic and MaxDestRdAtomic to:
 	// DeviceAttr.MaxQPRdAtom and MaxQPInitRdAtom, in that order, as rxe
 	// (rxe_qp_chk_attr), mlx5 and bnxt_re compare them. A larger value is
-	// refused with EINVAL.
+	// refused with EINVAL. (librdmacm checks rdma_conn_param the other way
+	// round, responder resources against MaxQPRdAtom; the two agree on
+	// devices whose limits are equal, as rxe's and mlx5's usually are.)
 	MaxRdAtomic, MaxDestRdAtomic int
 }
 

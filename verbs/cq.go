@@ -290,7 +290,9 @@ func (c *CQ) waitEvent(ctx context.Context, try func() bool) error {
 	return &OpError{Op: "wait for completion event", Device: c.dev.Info.Name, Err: err}
 }
 
-// Close destroys the CQ and its channel; QPs using it must be closed first.
+// Close destroys the CQ and its channel. QPs using it must be closed
+// first: while one is open, Close refuses with EBUSY and the CQ stays as
+// it was.
 // A goroutine waiting on the CQ is woken first (its wait fails) and has
 // left before the channel goes.
 func (c *CQ) Close() error {
@@ -299,7 +301,8 @@ func (c *CQ) Close() error {
 	if cq != nil && users > 0 {
 		c.mu.Unlock()
 		return &OpError{Op: "ibv_destroy_cq", Device: c.dev.Info.Name, Err: syscall.EBUSY,
-			Detail: fmt.Sprintf("%d QP(s) use it", users), Hint: "close the QPs that use it first"}
+			Detail: fmt.Sprintf("QPs still complete to it (%d of their send and receive queues)", users),
+			Hint:   "close the QPs that use it first"}
 	}
 	c.cq, c.wait = nil, nil // refuse new polls and waits meanwhile
 	c.mu.Unlock()
@@ -315,8 +318,10 @@ func (c *CQ) Close() error {
 		oe := &OpError{Op: "ibv_destroy_cq", Device: c.dev.Info.Name, Err: err, Hint: "close the QPs that use it first"}
 		if !cq.KeptOnFailedDestroy() {
 			// libsiw unmapped the ring before the kernel refused: the
-			// CQ stays closed here (its kernel object until the device
-			// closes), as any use of it would fault.
+			// CQ stays closed here, as any use of it would fault, and
+			// does not hold its device open (closing the device frees
+			// its kernel object).
+			c.dev.cqs.Add(-1)
 			oe.Hint = "the provider released the CQ's queue before the kernel refused; the CQ cannot be used again"
 			return oe
 		}

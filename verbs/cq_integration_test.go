@@ -246,7 +246,7 @@ func TestCQCloseUnderItsQP(t *testing.T) {
 
 			err = cq.Close()
 			require.ErrorIs(t, err, syscall.EBUSY)
-			assert.ErrorContains(t, err, "2 QP(s) use it")
+			assert.ErrorContains(t, err, "QPs still complete to it (2 of their send and receive queues)")
 			assert.ErrorContains(t, err, "close the QPs that use it first")
 			n, err := cq.Poll(make([]verbs.WorkCompletion, 4))
 			assert.NoError(t, err, "the CQ is whole")

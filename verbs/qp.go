@@ -164,10 +164,13 @@ func (q *QP) tookKernelState(s QPState) {
 // attr.State, or a modify in place without [AttrState]) is checked first with
 // [ValidateForPort]: a missing or unaccepted attribute, an unencodable value,
 // RoCE without GRH, a GID index of an empty slot, a path MTU above the
-// port's active MTU, manual transitions on iWARP, and what the kernel refuses
-// beyond the man page (an alternate path outside InfiniBand, a MaxRdAtomic
-// above the device's limit, leaving SQD on rxe before the send queue has
-// drained) never reach the driver.
+// port's active MTU, manual transitions on iWARP, and what the kernel and
+// the drivers refuse beyond the IBTA tables (an alternate path outside
+// InfiniBand, a port the device lacks, a P_Key index outside the table,
+// MaxRdAtomic or MaxDestRdAtomic above the device's limits, leaving SQD on
+// rxe before the send queue has drained) never reach the driver. A QP that
+// librdmacm created is checked from the state the kernel reports, as
+// librdmacm and the iWARP CM move it without this package.
 func (q *QP) Modify(attr *QPAttr, mask AttrMask) error {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -207,14 +210,11 @@ func (q *QP) Modify(attr *QPAttr, mask AttrMask) error {
 	if port > 0 {
 		info := PortInfo{Device: dev.Info.Name, Port: port, Transport: dev.Info.Transport}
 		if info.Attr, err = dev.QueryPort(port); err != nil {
-			if mask&AttrPort == 0 {
-				return err
+			if da, derr := dev.Query(); derr == nil && mask&AttrPort != 0 && port > da.PhysicalPortCount {
+				return &AttrError{QPType: q.Type, Transition: Transition{from, to}, Problems: []AttrProblem{{Attr: AttrPort,
+					Reason: fmt.Sprintf("%s has no port %d: its ports are 1 to %d", dev.Info.Name, port, da.PhysicalPortCount)}}}
 			}
-			reason := fmt.Sprintf("%s has no port %d (ibv_query_port: %v)", dev.Info.Name, port, err)
-			if da, derr := dev.Query(); derr == nil {
-				reason = fmt.Sprintf("%s has no port %d: its ports are 1 to %d", dev.Info.Name, port, da.PhysicalPortCount)
-			}
-			return &AttrError{QPType: q.Type, Transition: Transition{from, to}, Problems: []AttrProblem{{Attr: AttrPort, Reason: reason}}}
+			return err
 		}
 		if mask&(AttrMaxQPRdAtomic|AttrMaxDestRdAtomic) != 0 {
 			if da, derr := dev.Query(); derr == nil {

@@ -56,65 +56,73 @@ else
 fi
 
 if ! prepared "$out"; then
+	kept=""
 	if [ -e "$out/ready" ]; then
+		kept=$out
 		say "the guest kernel in $out was prepared by another version of prepare.sh: preparing it again"
 	fi
 	say "preparing guest kernel $kver ($version) in $out (first run only)"
-	rm -rf "$out"
-	mkdir -p "$out"
+	# Built aside and moved into place at the end: a failed build leaves
+	# a kept one as it was.
 	work=$(mktemp -d "$cache/.work.XXXXXX")
 	trap 'rm -rf "$work"' EXIT
+	new="$work/out"
+	mkdir -p "$new"
 	flavour=${kver##*-}                     # amd64
 	series=$(echo "$kver" | cut -d. -f1,2)  # 6.1
 	debs="linux-image-$kver linux-headers-$kver linux-headers-${kver%-$flavour}-common linux-kbuild-$series linux-source-$series"
 	say "downloading $(echo $debs | wc -w) kernel packages (about 220 MB)"
-	(cd "$work" && for d in $debs; do apt-get download -q "$d=$version" >/dev/null 2>&1 || apt-get download "$d=$version"; done) \
-		|| die "apt-get download failed for: $debs (the package lists may name a kernel the archive no longer has: run 'sudo apt-get update')"
-	say "unpacking"
-	mkdir -p "$work/root"
-	for f in "$work"/*.deb; do dpkg-deb -x "$f" "$work/root"; done
+	if ! (cd "$work" && for d in $debs; do apt-get download -q "$d=$version" >/dev/null 2>&1 || apt-get download "$d=$version"; done); then
+		[ -n "$kept" ] || die "apt-get download failed for: $debs (the package lists may name a kernel the archive no longer has: run 'sudo apt-get update')"
+		say "warning: cannot download $kver ($version) again; keeping the guest kernel prepared by another version of prepare.sh (RDMAGO_TESTBED_REFRESH=1 prepares today's)"
+	else
+		say "unpacking"
+		mkdir -p "$work/root"
+		for f in "$work"/*.deb; do dpkg-deb -x "$f" "$work/root"; done
 
-	say "extracting siw sources and extract-vmlinux from linux-source-$series"
-	tar -C "$work" -xJf "$work/root/usr/src/linux-source-$series.tar.xz" \
-		"linux-source-$series/drivers/infiniband/sw/siw" "linux-source-$series/scripts/extract-vmlinux"
-	src="$work/linux-source-$series"
+		say "extracting siw sources and extract-vmlinux from linux-source-$series"
+		tar -C "$work" -xJf "$work/root/usr/src/linux-source-$series.tar.xz" \
+			"linux-source-$series/drivers/infiniband/sw/siw" "linux-source-$series/scripts/extract-vmlinux"
+		src="$work/linux-source-$series"
 
-	say "extracting an uncompressed vmlinux (skips the slow decompressor under emulation)"
-	sh "$src/scripts/extract-vmlinux" "$work/root/boot/vmlinuz-$kver" >"$out/vmlinux.tmp"
-	mv "$out/vmlinux.tmp" "$out/vmlinux"
+		say "extracting an uncompressed vmlinux (skips the slow decompressor under emulation)"
+		sh "$src/scripts/extract-vmlinux" "$work/root/boot/vmlinuz-$kver" >"$new/vmlinux"
 
-	say "building siw.ko against linux-headers-$kver"
-	# The headers' Makefile includes the common tree by absolute path; point it at our copy.
-	hdr="$work/root/usr/src/linux-headers-$kver"
-	sed -i "s|include /usr/src/|include $work/root/usr/src/|" "$hdr/Makefile"
-	make -s -C "$hdr" M="$src/drivers/infiniband/sw/siw" CONFIG_RDMA_SIW=m modules -j"$(nproc)" >"$work/siw-build.log" 2>&1 \
-		|| { cat "$work/siw-build.log" >&2; die "building siw failed"; }
+		say "building siw.ko against linux-headers-$kver"
+		# The headers' Makefile includes the common tree by absolute path; point it at our copy.
+		hdr="$work/root/usr/src/linux-headers-$kver"
+		sed -i "s|include /usr/src/|include $work/root/usr/src/|" "$hdr/Makefile"
+		make -s -C "$hdr" M="$src/drivers/infiniband/sw/siw" CONFIG_RDMA_SIW=m modules -j"$(nproc)" >"$work/siw-build.log" 2>&1 \
+			|| { cat "$work/siw-build.log" >&2; die "building siw failed"; }
 
-	say "collecting modules"
-	mods="$work/root/lib/modules/$kver"
-	mkdir -p "$mods/extra"
-	cp "$src/drivers/infiniband/sw/siw/siw.ko" "$mods/extra/siw.ko"
-	depmod -b "$work/root" "$kver"
-	dest="$out/modules/lib/modules/$kver"
-	for m in siw $guest_modules $initrd_modules; do
-		modprobe -d "$work/root" -S "$kver" --show-depends "$m" | awk '$1 == "insmod" { print $2 }'
-	done | sort -u | while read -r ko; do
-		rel=${ko#"$mods/"}
-		mkdir -p "$dest/$(dirname "$rel")"
-		cp "$ko" "$dest/$rel"
-	done
-	cp "$mods/modules.order" "$mods/modules.builtin" "$mods/modules.builtin.modinfo" "$dest/"
-	depmod -b "$out/modules" "$kver"
+		say "collecting modules"
+		mods="$work/root/lib/modules/$kver"
+		mkdir -p "$mods/extra"
+		cp "$src/drivers/infiniband/sw/siw/siw.ko" "$mods/extra/siw.ko"
+		depmod -b "$work/root" "$kver"
+		dest="$new/modules/lib/modules/$kver"
+		for m in siw $guest_modules $initrd_modules; do
+			modprobe -d "$work/root" -S "$kver" --show-depends "$m" | awk '$1 == "insmod" { print $2 }'
+		done | sort -u | while read -r ko; do
+			rel=${ko#"$mods/"}
+			mkdir -p "$dest/$(dirname "$rel")"
+			cp "$ko" "$dest/$rel"
+		done
+		cp "$mods/modules.order" "$mods/modules.builtin" "$mods/modules.builtin.modinfo" "$dest/"
+		depmod -b "$new/modules" "$kver"
 
-	# Stage-one modules in load order, for the initramfs.
-	for m in $initrd_modules; do
-		modprobe -d "$out/modules" -S "$kver" --show-depends "$m" | awk '$1 == "insmod" { print $2 }'
-	done | awk '!seen[$0]++' | sed "s|^$out/modules/||" >"$out/initrd-modules"
-	echo "$kver" >"$out/kver"
-	echo "$recipe" >"$out/recipe"
+		# Stage-one modules in load order, for the initramfs.
+		for m in $initrd_modules; do
+			modprobe -d "$new/modules" -S "$kver" --show-depends "$m" | awk '$1 == "insmod" { print $2 }'
+		done | awk '!seen[$0]++' | sed "s|^$new/modules/||" >"$new/initrd-modules"
+		echo "$kver" >"$new/kver"
+		echo "$recipe" >"$new/recipe"
+		touch "$new/ready"
+		rm -rf "$out"
+		mv "$new" "$out"
+	fi
 	rm -rf "$work"
 	trap - EXIT
-	touch "$out/ready"
 	ln -sfn "$(basename "$out")" "$cache/current"
 	# Older kernels' assets are no longer used.
 	find "$cache" -mindepth 1 -maxdepth 1 -type d -name '*-*' ! -name "$(basename "$out")" -exec rm -rf {} +

@@ -47,15 +47,26 @@ func (g *Gates) Wait(ctx context.Context, round string, want int) error {
 	g.mu.Unlock()
 	timer := time.NewTimer(Wait)
 	defer timer.Stop()
+	// A request that gives up is no longer in: it does not count towards
+	// the round (a retry of it would count twice).
+	leave := func() int {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		select {
+		case <-r.open:
+		default:
+			r.in--
+		}
+		return r.in
+	}
 	select {
 	case <-r.open:
 		return nil
 	case <-ctx.Done():
+		leave()
 		return ctx.Err()
 	case <-timer.C:
-		g.mu.Lock()
-		in := r.in
-		g.mu.Unlock()
+		in := leave() + 1
 		return fmt.Errorf("only %d of %d requests of round %q were in the server together after %v", in, want, round, Wait)
 	}
 }

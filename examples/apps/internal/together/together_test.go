@@ -32,5 +32,6 @@ func TestWaitGivesUp(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	assert.ErrorIs(t, g.Wait(ctx, "c", 2), context.Canceled)
+	assert.Equal(t, 0, g.rounds["c"].in, "a request that gave up is not counted")
 	assert.ErrorContains(t, g.Wait(context.Background(), "d", 0), "want 1 or more")
 }
