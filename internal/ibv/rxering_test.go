@@ -172,6 +172,7 @@ func TestRXEPostSendRefusals(t *testing.T) {
 	assert.Equal(t, rings+1, f.rings, "the owed doorbell rings though nothing was queued")
 	bad, err = f.qp.post(d[:1], nil)
 	assert.ErrorIs(t, err, syscall.ENOMEM)
+	assert.Equal(t, 0, bad)
 	assert.Equal(t, rings+1, f.rings, "owed no more: nothing queued, nothing rung")
 }
 
