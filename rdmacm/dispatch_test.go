@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/netip"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -237,7 +238,7 @@ func TestWaitForEventEndsWithItsContextOrClose(t *testing.T) {
 		_, err := id.next(context.Background())
 		done <- err
 	}()
-	time.Sleep(10 * time.Millisecond)
+	blockedIn(t, "rdmacm.(*ID).next")
 	id.Close()
 	select {
 	case err := <-done:
@@ -270,7 +271,8 @@ func TestFailingChannelReachesEveryWaiter(t *testing.T) {
 		_, err := l.Request(context.Background())
 		errs <- err
 	}()
-	time.Sleep(10 * time.Millisecond)
+	blockedIn(t, "rdmacm.(*ID).next")
+	blockedIn(t, "rdmacm.(*Listener).Request")
 	src.fail <- errors.New("epoll broke")
 
 	for range 2 {
@@ -376,6 +378,21 @@ func (s *strictSource) newID(c *ID, ps PortSpace) (cmHandle, error) {
 	return &strictHandle{fakeHandle: fakeHandle{token: c.token}, t: s.t}, nil
 }
 
+// blockedIn waits until a goroutine is parked inside fn (its stack names
+// it, in a wait), so that what the test does next meets a waiter.
+func blockedIn(t *testing.T, fn string) {
+	t.Helper()
+	buf := make([]byte, 1<<20)
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		for _, g := range strings.Split(string(buf[:runtime.Stack(buf, true)]), "\n\n") {
+			if strings.Contains(g, fn) && (strings.Contains(g, "[select") || strings.Contains(g, "[chan receive")) {
+				return
+			}
+		}
+	}
+	t.Fatalf("no goroutine waits in %s", fn)
+}
+
 // Close waits for a call in progress on another goroutine, and an event
 // examined after its id was closed reads nothing of the freed id.
 func TestCloseNeverFreesTheIDUnderACall(t *testing.T) {
@@ -446,7 +463,7 @@ func TestLateEventForDestroyedIDReachesNoOne(t *testing.T) {
 
 	waiting := make(chan error, 1)
 	go func() { _, err := b.next(context.Background()); waiting <- err }()
-	time.Sleep(20 * time.Millisecond)
+	blockedIn(t, "rdmacm.(*ID).next")
 	require.NoError(t, b.destroy())
 	select {
 	case err := <-waiting:

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"slices"
 	"syscall"
 	"testing"
 	"time"
@@ -82,10 +83,18 @@ func TestResolveMatchesKernelCM(t *testing.T) {
 		run(t, "ip", "addr", "del", "10.10.0.2/24", "dev", rxe.Netdev)
 		run(t, "ip", "addr", "add", "10.10.0.3/24", "dev", rxe.Netdev)
 		t.Cleanup(func() { exec.Command("ip", "addr", "del", "10.10.0.3/24", "dev", rxe.Netdev).Run() })
-		time.Sleep(200 * time.Millisecond) // the GID cache updates from a work queue
+		// The GID table updates from a work queue: wait for the new entry.
+		dev, err := verbs.Open(rxe.Name)
+		require.NoError(t, err)
+		want := verbs.GIDFromIP(netip.MustParseAddr("10.10.0.3"))
+		require.Eventually(t, func() bool {
+			table, err := dev.GIDTable()
+			return err == nil && slices.ContainsFunc(table, func(e verbs.GIDEntry) bool { return e.GID == want })
+		}, 10*time.Second, 10*time.Millisecond, "10.10.0.3 in %s's GID table", rxe.Name)
+		require.NoError(t, dev.Close())
 		second := checkAgainstKernel(t, "10.10.0.3", "10.10.0.3", 7601)
 		assert.Equal(t, first.GIDIndex, second.GIDIndex, "the new address reuses the freed slot")
-		_, err := resolver.Resolve(context.Background(), netip.MustParseAddr("10.10.0.2"),
+		_, err = resolver.Resolve(context.Background(), netip.MustParseAddr("10.10.0.2"),
 			resolver.Options{Source: netip.MustParseAddr("10.10.0.2")})
 		assert.Error(t, err, "the deleted address resolves no more")
 	})
