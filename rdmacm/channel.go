@@ -186,6 +186,16 @@ func Init() error {
 	return err
 }
 
+// openIDs counts the ids of every channel, for OpenIDs.
+var openIDs atomic.Int64
+
+// OpenIDs is how many CM ids the process holds open through this package:
+// every ID not closed yet, whether a Conn, a Listener, a request waiting
+// in a listener's queue or the thin layer holds it. A leak check can count
+// them; the kernel's resource list shows an id only once it is bound to a
+// device, so an id that never resolved an address is missing there.
+func OpenIDs() int { return int(openIDs.Load()) }
+
 // OpenDevice returns librdmacm's context for the named RDMA device: the one
 // the QPs of its connections are created on, so that a PD allocated on it
 // can be ConnConfig.PD. The first call has librdmacm open every device on the
@@ -272,6 +282,7 @@ func (ch *channel) addLocked(ps PortSpace) *ID {
 	c := &ID{ch: ch, token: ch.gen<<32 | uint64(slot), ps: ps}
 	ch.ids[slot] = c
 	ch.count++
+	openIDs.Add(1)
 	return c
 }
 
@@ -281,6 +292,7 @@ func (ch *channel) remove(c *ID) {
 		ch.ids[slot] = nil
 		ch.free = append(ch.free, slot)
 		ch.count--
+		openIDs.Add(-1)
 	}
 	release := ch.releasable()
 	ch.mu.Unlock()

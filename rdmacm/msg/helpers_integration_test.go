@@ -98,7 +98,12 @@ func warmUp(addr string) {
 
 // checkNoLeaks asserts, at the end of the test, that every cm_id, QP, CQ,
 // MR and PD, every descriptor and every goroutine the test made is gone.
-var checkNoLeaks = testbed.CheckNoLeaks
+func checkNoLeaks(t *testing.T) {
+	t.Helper()
+	testbed.CheckNoLeaks(t)
+	// CM ids that never bound to a device, which the kernel does not list.
+	testbed.CheckCount(t, "CM ids", rdmacm.OpenIDs)
+}
 
 func ctxFor(t *testing.T, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), d)

@@ -132,3 +132,24 @@ func LeaksSince(s Snapshot, wait time.Duration) []string {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// CheckCount adds a count of the package's own to the leak check: at the
+// end of the test, count must be back where it was (waiting up to 5 s, as
+// for goroutines). For what the kernel does not list, such as a CM id that
+// never bound to a device (rdmacm.OpenIDs).
+func CheckCount(tb testing.TB, what string, count func() int) {
+	tb.Helper()
+	before := count()
+	tb.Cleanup(func() {
+		if tb.Failed() {
+			return
+		}
+		n := count()
+		for deadline := time.Now().Add(5 * time.Second); n > before && time.Now().Before(deadline); n = count() {
+			time.Sleep(20 * time.Millisecond)
+		}
+		if n > before {
+			tb.Errorf("%s not released: %d before the test, %d after", what, before, n)
+		}
+	})
+}

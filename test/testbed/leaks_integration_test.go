@@ -168,3 +168,38 @@ func TestLeakChecksSeeRDMAObjects(t *testing.T) {
 		t.Errorf("everything was released, yet: %q", leaks)
 	}
 }
+
+// An id that never bound to a device is missing from the kernel's list;
+// rdmacm.OpenIDs counts it, and CheckCount sees it left open.
+func TestCheckCountSeesAnUnboundID(t *testing.T) {
+	leaky := &leakRecorder{TB: t}
+	CheckCount(leaky, "CM ids", rdmacm.OpenIDs)
+	id, err := rdmacm.NewID(rdmacm.PortSpaceTCP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	objects, err := Objects()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if objects["cm_id"] != 0 {
+		t.Errorf("the kernel lists an unbound id after all (%v): the leak checks' note is out of date", objects)
+	}
+	for _, f := range leaky.cleanups {
+		f()
+	}
+	if want := "CM ids not released"; !strings.Contains(strings.Join(leaky.errors, "\n"), want) {
+		t.Errorf("CheckCount missed the open id: %q", leaky.errors)
+	}
+	if err := id.Close(); err != nil {
+		t.Fatal(err)
+	}
+	clean := &leakRecorder{TB: t}
+	CheckCount(clean, "CM ids", rdmacm.OpenIDs)
+	for _, f := range clean.cleanups {
+		f()
+	}
+	if len(clean.errors) != 0 {
+		t.Errorf("nothing left open, yet: %q", clean.errors)
+	}
+}
