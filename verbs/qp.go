@@ -152,8 +152,9 @@ func (q *QP) State() QPState {
 
 // tookKernelState records the state the kernel reports for an adopted QP.
 // A RESET is not taken over a state known here: librdmacm never moves its
-// QPs back to RESET (only Modify does, which records it), and siw before
-// Linux 6.4 leaves the state out of its query (it reads as RESET).
+// QPs back to RESET (only Modify does, which records it), and siw in
+// Linux 6.1 (the test bed's) leaves the state out of its query, which then
+// reads as RESET.
 func (q *QP) tookKernelState(s QPState) {
 	if s != QPStateReset || q.state == QPStateReset {
 		q.state = s
