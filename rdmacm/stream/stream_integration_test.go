@@ -370,32 +370,45 @@ func peerMain(addr string) {
 	<-ctx.Done()
 }
 
+// startPeer runs a peer process (peerMain) that dials a listener on d, and
+// returns the accepted connection once the peer says it wrote (busy: once
+// it writes without end); the peer, the connection and the listener go
+// when the test ends.
+func startPeer(t *testing.T, d device, busy bool) (net.Conn, *exec.Cmd) {
+	t.Helper()
+	l, err := Listen(context.Background(), nil, d.next(), nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { l.Close() })
+	exe, err := os.Executable()
+	require.NoError(t, err)
+	cmd := exec.Command(exe, "-test.run=^$")
+	cmd.Env = append(os.Environ(), "STREAM_TEST_PEER="+l.Addr().String())
+	want := "written\n"
+	if busy {
+		cmd.Env, want = append(cmd.Env, "STREAM_TEST_PEER_BUSY=1"), "writing\n"
+	}
+	out, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	c, err := l.Accept()
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+	line, err := bufio.NewReader(out).ReadString('\n')
+	require.NoError(t, err)
+	require.Equal(t, want, line)
+	return c, cmd
+}
+
 // A peer process that dies: what it wrote is read, then a blocked Read
 // fails (not io.EOF: the stream did not end in order), Writes fail, and
 // Close does not hang.
 func TestPeerDeath(t *testing.T) {
 	forEachDevice(t, func(t *testing.T, d device) {
 		checkNoLeaks(t)
-		l, err := Listen(context.Background(), nil, d.next(), nil)
-		require.NoError(t, err)
-		defer l.Close()
-		exe, err := os.Executable()
-		require.NoError(t, err)
-		cmd := exec.Command(exe, "-test.run=^$")
-		cmd.Env = append(os.Environ(), "STREAM_TEST_PEER="+l.Addr().String())
-		out, err := cmd.StdoutPipe()
-		require.NoError(t, err)
-		require.NoError(t, cmd.Start())
-		defer cmd.Wait()
-		defer cmd.Process.Kill()
-		c, err := l.Accept()
-		require.NoError(t, err)
-		defer c.Close()
-		line, err := bufio.NewReader(out).ReadString('\n')
-		require.NoError(t, err)
-		require.Equal(t, "written\n", line)
+		c, cmd := startPeer(t, d, false)
 		b := make([]byte, len("written before dying"))
-		_, err = io.ReadFull(c, b)
+		_, err := io.ReadFull(c, b)
 		require.NoError(t, err)
 		assert.Equal(t, "written before dying", string(b))
 
@@ -427,24 +440,7 @@ func TestPeerDeath(t *testing.T) {
 func TestPeerDeathMidStream(t *testing.T) {
 	forEachDevice(t, func(t *testing.T, d device) {
 		checkNoLeaks(t)
-		l, err := Listen(context.Background(), nil, d.next(), nil)
-		require.NoError(t, err)
-		defer l.Close()
-		exe, err := os.Executable()
-		require.NoError(t, err)
-		cmd := exec.Command(exe, "-test.run=^$")
-		cmd.Env = append(os.Environ(), "STREAM_TEST_PEER="+l.Addr().String(), "STREAM_TEST_PEER_BUSY=1")
-		out, err := cmd.StdoutPipe()
-		require.NoError(t, err)
-		require.NoError(t, cmd.Start())
-		defer cmd.Wait()
-		defer cmd.Process.Kill()
-		c, err := l.Accept()
-		require.NoError(t, err)
-		defer c.Close()
-		line, err := bufio.NewReader(out).ReadString('\n')
-		require.NoError(t, err)
-		require.Equal(t, "writing\n", line)
+		c, cmd := startPeer(t, d, true)
 		require.NoError(t, c.SetDeadline(time.Now().Add(60*time.Second)))
 
 		type result struct {
