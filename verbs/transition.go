@@ -316,6 +316,7 @@ var ErrUnsupportedQPType = errors.New("verbs: QP type not modelled here")
 // For XRC QPs the attributes the kernel drops from the mask before its own
 // check ([KernelIgnored]) are dropped here too.
 func Validate(t QPType, from, to QPState, mask AttrMask) error {
+	given := mask // as the caller gave it, for the error
 	mask &^= KernelIgnored(t)
 	rules, ok := transitionTable[t]
 	if !ok {
@@ -327,7 +328,7 @@ func Validate(t QPType, from, to QPState, mask AttrMask) error {
 	tr := Transition{from, to}
 	r, ok := rules[tr]
 	if !ok {
-		e := &TransitionError{QPType: t, Transition: tr, Mask: mask, NoSuchTransition: true}
+		e := &TransitionError{QPType: t, Transition: tr, Mask: given, NoSuchTransition: true}
 		e.Kernel = kernelWhy(e)
 		return e
 	}
@@ -336,7 +337,7 @@ func Validate(t QPType, from, to QPState, mask AttrMask) error {
 	if missing == 0 && extra == 0 {
 		return nil
 	}
-	e := &TransitionError{QPType: t, Transition: tr, Mask: mask, Missing: missing, NotAccepted: extra}
+	e := &TransitionError{QPType: t, Transition: tr, Mask: given, Missing: missing, NotAccepted: extra}
 	e.Kernel = kernelWhy(e)
 	return e
 }
