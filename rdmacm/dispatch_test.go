@@ -238,7 +238,7 @@ func TestWaitForEventEndsWithItsContextOrClose(t *testing.T) {
 		_, err := id.next(context.Background())
 		done <- err
 	}()
-	blockedIn(t, "rdmacm.(*ID).next")
+	blockedIn(t, "rdmacm.(*ID).next(")
 	id.Close()
 	select {
 	case err := <-done:
@@ -271,8 +271,8 @@ func TestFailingChannelReachesEveryWaiter(t *testing.T) {
 		_, err := l.Request(context.Background())
 		errs <- err
 	}()
-	blockedIn(t, "rdmacm.(*ID).next")
-	blockedIn(t, "rdmacm.(*Listener).Request")
+	blockedIn(t, "rdmacm.(*ID).next(")
+	blockedIn(t, "rdmacm.(*Listener).Request(")
 	src.fail <- errors.New("epoll broke")
 
 	for range 2 {
@@ -463,7 +463,7 @@ func TestLateEventForDestroyedIDReachesNoOne(t *testing.T) {
 
 	waiting := make(chan error, 1)
 	go func() { _, err := b.next(context.Background()); waiting <- err }()
-	blockedIn(t, "rdmacm.(*ID).next")
+	blockedIn(t, "rdmacm.(*ID).next(")
 	require.NoError(t, b.destroy())
 	select {
 	case err := <-waiting:

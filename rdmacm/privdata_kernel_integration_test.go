@@ -159,6 +159,7 @@ func requireConnectError(t *testing.T, res dialResult) {
 func TestKernelRejectLimit(t *testing.T) {
 	forEachKernelCase(t, func(t *testing.T, k kernelCase) {
 		testbed.CheckNoLeaks(t) // the error paths release what they made
+		testbed.CheckCount(t, "CM ids", OpenIDs)
 		ctx := ctxWithin(t, 30*time.Second)
 		limit, _ := wireLimit(k.cm, k.ps, msgReject)
 		over, at := pattern(limit+1, 3), pattern(limit, 5)
@@ -200,6 +201,7 @@ func kernelAccept(ctx context.Context, r *request, data []byte) (*conn, error) {
 func TestKernelAcceptLimit(t *testing.T) {
 	forEachKernelCase(t, func(t *testing.T, k kernelCase) {
 		testbed.CheckNoLeaks(t) // the error paths release what they made
+		testbed.CheckCount(t, "CM ids", OpenIDs)
 		ctx := ctxWithin(t, 30*time.Second)
 		limit, _ := wireLimit(k.cm, k.ps, msgAccept)
 		over, at := pattern(limit+1, 3), pattern(limit, 5)
@@ -230,6 +232,7 @@ func TestKernelAcceptLimit(t *testing.T) {
 func TestKernelConnectLimit(t *testing.T) {
 	forEachKernelCase(t, func(t *testing.T, k kernelCase) {
 		testbed.CheckNoLeaks(t) // the error paths release what they made
+		testbed.CheckCount(t, "CM ids", OpenIDs)
 		ctx := ctxWithin(t, 30*time.Second)
 		limit, _ := wireLimit(k.cm, k.ps, msgConnect)
 		for _, n := range []int{limit + 1, limit} {

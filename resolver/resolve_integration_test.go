@@ -162,6 +162,7 @@ func TestResolveIWARP(t *testing.T) {
 func TestManualConnectionFromResolver(t *testing.T) {
 	rxe := testbed.Require(t).MustDevice(t, "rxe0")
 	testbed.CheckNoLeaks(t)
+	testbed.CheckCount(t, "CM ids", rdmacm.OpenIDs)
 	p, err := resolver.Resolve(context.Background(), netip.MustParseAddr(rxe.IPv4), resolver.Options{})
 	require.NoError(t, err)
 	dev, err := verbs.Open(p.Device)
@@ -218,6 +219,7 @@ func TestManualConnectionFromResolver(t *testing.T) {
 func TestResolveLoopbackAgreesWithKernelCM(t *testing.T) {
 	rxe := testbed.Require(t).MustDevice(t, "rxe0")
 	testbed.CheckNoLeaks(t) // the failed dials' ids and resources too
+	testbed.CheckCount(t, "CM ids", rdmacm.OpenIDs)
 	for i, dst := range []string{"127.0.0.1", "::1", "0.0.0.0"} {
 		d := netip.MustParseAddr(dst)
 		_, err := resolver.Resolve(context.Background(), d, resolver.Options{})
@@ -240,6 +242,7 @@ func TestResolveIWARPSourceOffTheEgressAgreesWithKernelCM(t *testing.T) {
 	tb := testbed.Require(t)
 	siw := tb.MustDevice(t, "siw0")
 	testbed.CheckNoLeaks(t)
+	testbed.CheckCount(t, "CM ids", rdmacm.OpenIDs)
 	run(t, "ip", "link", "add", "dummy-off", "type", "dummy")
 	t.Cleanup(func() { exec.Command("ip", "link", "del", "dummy-off").Run() })
 	run(t, "ip", "link", "set", "dummy-off", "up")

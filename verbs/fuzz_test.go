@@ -33,6 +33,9 @@ func FuzzValidate(f *testing.F) {
 			if !errors.As(err, &te) {
 				t.Fatalf("want *TransitionError, got %T", err)
 			}
+			if te.Mask != AttrMask(mask) {
+				t.Fatalf("the error reports mask %v, the caller gave %v", te.Mask, AttrMask(mask))
+			}
 			if te.Missing != rule.Required&^m || te.NotAccepted != m&^rule.Accepted() {
 				t.Fatalf("wrong report %+v for mask %v", te, m)
 			}

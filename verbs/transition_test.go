@@ -269,3 +269,14 @@ func TestErrorsAreDistinct(t *testing.T) {
 	assert.Equal(t, Transition{QPStateInit, QPStateRTR}, te.Transition)
 	assert.Equal(t, QPTypeRC, te.QPType)
 }
+
+// What uverbs drops from a modify's mask per QP type (modify_qp_mask in
+// drivers/infiniband/core/uverbs_cmd.c), written out here as the kernel
+// has it.
+func TestKernelIgnored(t *testing.T) {
+	assert.Equal(t, AttrMaxDestRdAtomic|AttrMinRNRTimer, KernelIgnored(QPTypeXRCSend))
+	assert.Equal(t, AttrMaxQPRdAtomic|AttrRetryCount|AttrRNRRetry, KernelIgnored(QPTypeXRCRecv))
+	for _, qt := range []QPType{QPTypeRC, QPTypeUC, QPTypeUD, QPTypeRawPacket} {
+		assert.Zero(t, KernelIgnored(qt), "%v", qt)
+	}
+}

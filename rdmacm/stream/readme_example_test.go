@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/rdmago/rdmago/rdmacm"
 	"github.com/rdmago/rdmago/rdmacm/stream"
 	"github.com/rdmago/rdmago/test/testbed"
 )
@@ -44,6 +45,7 @@ func TestREADMEStreamExample(t *testing.T) {
 		addr := fmt.Sprintf("%s:%d", top.MustDevice(t, name).IPv4, 28900+i)
 		t.Run(name, func(t *testing.T) {
 			testbed.CheckNoLeaks(t)
+			testbed.CheckCount(t, "CM ids", rdmacm.OpenIDs)
 			readmeStreamExample(t, addr)
 		})
 	}

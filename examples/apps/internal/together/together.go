@@ -49,24 +49,31 @@ func (g *Gates) Wait(ctx context.Context, round string, want int) error {
 	defer timer.Stop()
 	// A request that gives up is no longer in: it does not count towards
 	// the round (a retry of it would count twice).
-	leave := func() int {
+	// The round may open just as it gives up: then it was in after all.
+	leave := func() (in int, opened bool) {
 		g.mu.Lock()
 		defer g.mu.Unlock()
 		select {
 		case <-r.open:
+			return r.in, true
 		default:
 			r.in--
+			return r.in + 1, false
 		}
-		return r.in
 	}
 	select {
 	case <-r.open:
 		return nil
 	case <-ctx.Done():
-		leave()
+		if _, opened := leave(); opened {
+			return nil
+		}
 		return ctx.Err()
 	case <-timer.C:
-		in := leave() + 1
+		in, opened := leave()
+		if opened {
+			return nil
+		}
 		return fmt.Errorf("only %d of %d requests of round %q were in the server together after %v", in, want, round, Wait)
 	}
 }
