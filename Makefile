@@ -23,7 +23,7 @@ GO_MIN := $(shell awk '$$1 == "go" { v = $$2; if (v ~ /^[0-9]+\.[0-9]+$$/) v = v
 INTEGRATION_PKGS = $(shell grep -rl --include='*_test.go' '^//go:build.*\bintegration\b' . | grep -v '^./$(APPS)/' | xargs -r -n1 dirname | sort -u)
 TESTBED_PKGS = $(shell grep -rl --include='*_test.go' '^//go:build.*\btestbed\b' . | xargs -r -n1 dirname | sort -u)
 
-.PHONY: all deps test unit lint gomod api mingo integration testbed prepare demo bench examples shell clean
+.PHONY: all deps test unit lint gomod api mingo integration integration-in-guest testbed prepare demo bench examples shell clean
 
 all: test
 
@@ -92,8 +92,13 @@ prepare: $(RDMAVM)
 	@echo "== test bed: guest kernel, siw and initramfs (cached in $(RDMAGO_TESTBED_CACHE))"
 	$(RDMAVM) prepare
 
+# One guest serves every package's test binary in turn (rdmavm session): a
+# boot costs about 8 s under emulation, and there are some twenty binaries.
 integration: prepare
-	@echo "== integration tests inside a guest with rxe and siw (one boot per package)"
+	@echo "== integration tests inside a guest with rxe and siw (one guest for all, each package in a fresh process)"
+	$(RDMAVM) session $(MAKE) --no-print-directory integration-in-guest
+
+integration-in-guest:
 	go test -p 1 -count=1 -race -v -tags integration -exec "$(RDMAVM) exec" $(INTEGRATION_PKGS)
 	@echo "== gRPC and net/http over rdmacm/stream, in their own module ($(APPS))"
 	cd $(APPS) && go test -p 1 -count=1 -race -v -tags integration -exec "$(RDMAVM) exec" ./...

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -17,19 +18,8 @@ import (
 // is not a pass.
 func TestExecFailsOnAKernelReport(t *testing.T) {
 	dir := t.TempDir()
-	rdmavm := filepath.Join(dir, "rdmavm")
-	if out, err := exec.Command("go", "build", "-o", rdmavm, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	script := filepath.Join(dir, "warn.sh")
-	body := "#!/bin/sh\n" +
-		"echo '------------[ cut here ]------------' > /dev/kmsg\n" +
-		"echo 'WARNING: CPU: 0 PID: 1 at injected.c:7 injected_by_a_test+0x0/0x0' > /dev/kmsg\n" +
-		"echo '---[ end trace 0000000000000000 ]---' > /dev/kmsg\n" +
-		"echo the program itself passed\n"
-	if err := os.WriteFile(script, []byte(body), 0o755); err != nil {
-		t.Fatal(err)
-	}
+	rdmavm := buildRdmavm(t, dir)
+	script := writeScript(t, dir, "warn.sh", warnScript)
 	var stdout, stderr bytes.Buffer
 	cmd := exec.Command(rdmavm, "exec", script)
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
@@ -47,4 +37,80 @@ func TestExecFailsOnAKernelReport(t *testing.T) {
 			t.Errorf("want %q in rdmavm's report:\n%s", want, &stderr)
 		}
 	}
+}
+
+// warnScript makes the guest's kernel log a warning, and exits 0.
+const warnScript = "echo '------------[ cut here ]------------' > /dev/kmsg\n" +
+	"echo 'WARNING: CPU: 0 PID: 1 at injected.c:7 injected_by_a_test+0x0/0x0' > /dev/kmsg\n" +
+	"echo '---[ end trace 0000000000000000 ]---' > /dev/kmsg\n" +
+	"echo the program itself passed\n"
+
+// A session boots one guest for all the execs under it; each still gets its
+// own exit status and only its own kernel reports, and one that leaves the
+// guest changed fails and leaves the next a fresh guest.
+func TestSessionSharesOneGuest(t *testing.T) {
+	dir := t.TempDir()
+	rdmavm := buildRdmavm(t, dir)
+	id := writeScript(t, dir, "id.sh", "echo boot $(cat /proc/sys/kernel/random/boot_id)\nexit $1\n")
+	warn := writeScript(t, dir, "warn.sh", warnScript)
+	change := writeScript(t, dir, "change.sh", "ip addr add 10.99.0.1/24 dev lo\n")
+	var stdout, stderr bytes.Buffer
+	cmd := exec.Command(rdmavm, "session", "sh", "-c",
+		`"$0" exec "$1" 0 || exit 9; "$0" exec "$2"; echo warn=$?; "$0" exec "$1" 3; echo id=$?; `+
+			`"$0" exec "$3"; echo change=$?; "$0" exec "$1" 0; exit 4`,
+		rdmavm, id, warn, change)
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 4 {
+		t.Fatalf("rdmavm session: %v, want the command's exit status 4\nstdout:\n%s\nstderr:\n%s", err, &stdout, &stderr)
+	}
+	var boots []string
+	for _, line := range strings.Split(stdout.String(), "\n") {
+		if strings.HasPrefix(line, "boot ") {
+			boots = append(boots, line)
+		}
+	}
+	// The guest that change.sh left changed is replaced.
+	if len(boots) != 3 || boots[0] != boots[1] || boots[1] == boots[2] {
+		t.Errorf("want the same guest's boot id twice, then another's, got %q", boots)
+	}
+	if n := strings.Count(stderr.String(), "booting guest"); n != 2 {
+		t.Errorf("%d boots, want 2:\n%s", n, &stderr)
+	}
+	if !strings.Contains(stderr.String(), "change.sh left the session's guest changed") ||
+		!regexp.MustCompile(`(?m)^\+ lo .*10\.99\.0\.1/24`).MatchString(stderr.String()) {
+		t.Errorf("want change.sh blamed for its address:\n%s", &stderr)
+	}
+	for _, want := range []string{"warn=1", "id=3", "change=1"} {
+		if !strings.Contains(stdout.String(), want) {
+			t.Errorf("want %q (each exec's own exit status) in:\n%s", want, &stdout)
+		}
+	}
+	if !strings.Contains(stderr.String(), "warn.sh exited 0, but the guest's kernel reported 1 problem(s)") {
+		t.Errorf("the warning was not reported for warn.sh:\n%s", &stderr)
+	}
+	// The exec after warn.sh fails for its own reason, and its kernel log
+	// no longer holds the warning.
+	if n := strings.Count(stderr.String(), "injected.c:7"); n != 1 {
+		t.Errorf("the injected warning shows %d times, want once (in warn.sh's report):\n%s", n, &stderr)
+	}
+}
+
+func buildRdmavm(t *testing.T, dir string) string {
+	t.Helper()
+	rdmavm := filepath.Join(dir, "rdmavm")
+	if out, err := exec.Command("go", "build", "-o", rdmavm, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return rdmavm
+}
+
+func writeScript(t *testing.T, dir, name, body string) string {
+	t.Helper()
+	path := filepath.Join(dir, name)
+	if err := os.WriteFile(path, []byte("#!/bin/sh\n"+body), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return path
 }
