@@ -6,38 +6,38 @@ import (
 	"os"
 	"reflect"
 	"runtime"
+	"strconv"
 	"testing"
 	"time"
 )
 
 // CheckNoLeaks asserts, when tb ends, that every RDMA object the kernel
 // lists for this process (cm_ids, QPs, CQs, MRs, PDs), every file
-// descriptor and every goroutine made during the test is gone. Goroutines
-// of closed connections may exit just after Close returns: it waits up to
-// 5 s for them. A test that failed is not checked again.
+// descriptor and every goroutine started during the test is gone.
+// Goroutines are told apart by id, so one that ended does not hide one that
+// leaked. Goroutines of closed connections may exit just after Close
+// returns: it waits up to 5 s for them. A test that failed is not checked
+// again.
 func CheckNoLeaks(tb testing.TB) {
 	tb.Helper()
 	objects, err := Objects()
 	if err != nil {
 		tb.Fatalf("testbed: counting RDMA objects: %v", err)
 	}
-	fds, goroutines := OpenFDs(tb), len(Goroutines())
+	fds, before := OpenFDs(tb), goroutineIDs(Goroutines())
 	tb.Cleanup(func() {
 		if tb.Failed() {
 			return
 		}
-		// Goroutines are counted in the same stop-the-world dump that is
-		// shown on failure: runtime.NumGoroutine, read apart from the dump,
-		// once reported 324 where the dump a moment later listed 3.
 		deadline := time.Now().Add(5 * time.Second)
-		var dump [][]byte
+		var started [][]byte
 		var counts []int // one per second, for the failure message
 		for i := 0; ; i++ {
-			dump = Goroutines()
+			started = startedSince(Goroutines(), before)
 			if i%50 == 0 {
-				counts = append(counts, len(dump))
+				counts = append(counts, len(started))
 			}
-			if len(dump) <= goroutines || time.Now().After(deadline) {
+			if len(started) == 0 || time.Now().After(deadline) {
 				break
 			}
 			time.Sleep(20 * time.Millisecond)
@@ -52,11 +52,47 @@ func CheckNoLeaks(tb testing.TB) {
 		if n := OpenFDs(tb); n != fds {
 			tb.Errorf("file descriptors not released: %d before the test, %d after", fds, n)
 		}
-		if len(dump) > goroutines {
-			tb.Errorf("%d goroutines before, %d after (counts over the wait: %v):\n%s", goroutines, len(dump), counts,
-				bytes.Join(dump, []byte("\n\n")))
+		if len(started) > 0 {
+			tb.Errorf("%d goroutines started during the test still run (their number over the wait, each second: %v):\n%s",
+				len(started), counts, bytes.Join(started, []byte("\n\n")))
 		}
 	})
+}
+
+// goroutineIDs returns the ids of the goroutines in a dump of Goroutines.
+func goroutineIDs(dump [][]byte) map[int64]bool {
+	ids := make(map[int64]bool, len(dump))
+	for _, g := range dump {
+		if id, ok := goroutineID(g); ok {
+			ids[id] = true
+		}
+	}
+	return ids
+}
+
+// startedSince returns the goroutines of dump that are not among before.
+func startedSince(dump [][]byte, before map[int64]bool) [][]byte {
+	var started [][]byte
+	for _, g := range dump {
+		if id, ok := goroutineID(g); !ok || !before[id] {
+			started = append(started, g)
+		}
+	}
+	return started
+}
+
+// goroutineID reads the id from a stack's first line, "goroutine 7 [...]:".
+func goroutineID(stack []byte) (int64, bool) {
+	rest, ok := bytes.CutPrefix(stack, []byte("goroutine "))
+	if !ok {
+		return 0, false
+	}
+	digits, _, ok := bytes.Cut(rest, []byte(" "))
+	if !ok {
+		return 0, false
+	}
+	id, err := strconv.ParseInt(string(digits), 10, 64)
+	return id, err == nil
 }
 
 // Goroutines is every goroutine's stack, one entry per goroutine.
@@ -89,6 +125,8 @@ type Snapshot struct {
 	Objects    map[string]int
 	FDs        int
 	Goroutines int
+
+	goroutines map[int64]bool // by id
 }
 
 // TakeSnapshot reads what this process holds now.
@@ -101,7 +139,8 @@ func TakeSnapshot() (Snapshot, error) {
 	if err != nil {
 		return Snapshot{}, fmt.Errorf("testbed: %w", err)
 	}
-	return Snapshot{Objects: objects, FDs: len(fds), Goroutines: len(Goroutines())}, nil
+	ids := goroutineIDs(Goroutines())
+	return Snapshot{Objects: objects, FDs: len(fds), Goroutines: len(ids), goroutines: ids}, nil
 }
 
 // LeaksSince lists what this process holds beyond s, one entry per kind,
@@ -122,8 +161,8 @@ func LeaksSince(s Snapshot, wait time.Duration) []string {
 			if now.FDs > s.FDs {
 				leaks = append(leaks, fmt.Sprintf("%d descriptors", now.FDs-s.FDs))
 			}
-			if now.Goroutines > s.Goroutines {
-				leaks = append(leaks, fmt.Sprintf("%d goroutines", now.Goroutines-s.Goroutines))
+			if started := startedSince(Goroutines(), s.goroutines); len(started) > 0 {
+				leaks = append(leaks, fmt.Sprintf("%d goroutines", len(started)))
 			}
 		}
 		if len(leaks) == 0 || time.Now().After(deadline) {

@@ -451,6 +451,14 @@ func (g *Guest) lost(err error) {
 // Role is "single", "a" or "b".
 func (g *Guest) Role() string { return g.Topology.Role }
 
+// Err is why the guest can no longer run commands (it crashed, was killed
+// or shut down), or nil while it can.
+func (g *Guest) Err() error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.err
+}
+
 // maxPanicLines bounds how far back consoleTail looks for a panic's headline.
 const maxPanicLines = 150
 

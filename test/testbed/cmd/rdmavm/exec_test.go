@@ -45,9 +45,9 @@ const warnScript = "echo '------------[ cut here ]------------' > /dev/kmsg\n" +
 	"echo '---[ end trace 0000000000000000 ]---' > /dev/kmsg\n" +
 	"echo the program itself passed\n"
 
-// A session boots one guest for all the execs under it; each still gets its
-// own exit status and only its own kernel reports, and one that leaves the
-// guest changed fails and leaves the next a fresh guest.
+// A session boots one guest for the execs under it. Each still gets its own
+// exit status and its own kernel reports; one that leaves the guest changed
+// fails, and after a failure the next exec gets a new guest.
 func TestSessionSharesOneGuest(t *testing.T) {
 	dir := t.TempDir()
 	rdmavm := buildRdmavm(t, dir)
@@ -55,9 +55,14 @@ func TestSessionSharesOneGuest(t *testing.T) {
 	warn := writeScript(t, dir, "warn.sh", warnScript)
 	change := writeScript(t, dir, "change.sh", "ip addr add 10.99.0.1/24 dev lo\n")
 	var stdout, stderr bytes.Buffer
+	// The programs go where the session's guest sees the host's files as
+	// they are (GOTMPDIR, which the session sets): from elsewhere, exec
+	// boots a guest of its own.
 	cmd := exec.Command(rdmavm, "session", "sh", "-c",
-		`"$0" exec "$1" 0 || exit 9; "$0" exec "$2"; echo warn=$?; "$0" exec "$1" 3; echo id=$?; `+
-			`"$0" exec "$3"; echo change=$?; "$0" exec "$1" 0; exit 4`,
+		`cp "$1" "$2" "$3" "$GOTMPDIR" && cd "$GOTMPDIR" || exit 8; `+
+			`"$0" exec ./id.sh 0 || exit 9; "$0" exec ./id.sh 0 || exit 9; "$0" exec ./warn.sh; echo warn=$?; `+
+			`"$0" exec ./id.sh 3; echo id=$?; "$0" exec ./change.sh; echo change=$?; `+
+			`"$0" exec "$1" 0; exit 4`,
 		rdmavm, id, warn, change)
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()
@@ -71,16 +76,20 @@ func TestSessionSharesOneGuest(t *testing.T) {
 			boots = append(boots, line)
 		}
 	}
-	// The guest that change.sh left changed is replaced.
-	if len(boots) != 3 || boots[0] != boots[1] || boots[1] == boots[2] {
-		t.Errorf("want the same guest's boot id twice, then another's, got %q", boots)
+	// One guest for the first three; warn.sh failed, so id.sh 3 has
+	// another, and change.sh a third. The last id.sh, outside the
+	// session's directories, has a guest of its own.
+	if len(boots) != 4 || boots[0] != boots[1] || boots[1] == boots[2] || boots[3] == boots[2] {
+		t.Errorf("want one guest's boot id twice, then two others, got %q", boots)
 	}
-	if n := strings.Count(stderr.String(), "booting guest"); n != 2 {
-		t.Errorf("%d boots, want 2:\n%s", n, &stderr)
+	if n := strings.Count(stderr.String(), "booting guest"); n != 4 {
+		t.Errorf("%d boots, want 4:\n%s", n, &stderr)
 	}
-	if !strings.Contains(stderr.String(), "change.sh left the session's guest changed") ||
-		!regexp.MustCompile(`(?m)^\+ lo .*10\.99\.0\.1/24`).MatchString(stderr.String()) {
-		t.Errorf("want change.sh blamed for its address:\n%s", &stderr)
+	for _, want := range []string{"a new guest for id.sh (the last: warn.sh failed in it)",
+		"a new guest for change.sh (the last: id.sh failed in it)"} {
+		if !strings.Contains(stderr.String(), want) {
+			t.Errorf("want %q in:\n%s", want, &stderr)
+		}
 	}
 	for _, want := range []string{"warn=1", "id=3", "change=1"} {
 		if !strings.Contains(stdout.String(), want) {
@@ -90,10 +99,12 @@ func TestSessionSharesOneGuest(t *testing.T) {
 	if !strings.Contains(stderr.String(), "warn.sh exited 0, but the guest's kernel reported 1 problem(s)") {
 		t.Errorf("the warning was not reported for warn.sh:\n%s", &stderr)
 	}
-	// The exec after warn.sh fails for its own reason, and its kernel log
-	// no longer holds the warning.
 	if n := strings.Count(stderr.String(), "injected.c:7"); n != 1 {
 		t.Errorf("the injected warning shows %d times, want once (in warn.sh's report):\n%s", n, &stderr)
+	}
+	if !strings.Contains(stderr.String(), "change.sh left the session's guest changed") ||
+		!regexp.MustCompile(`(?m)^\+ lo .*10\.99\.0\.1/24`).MatchString(stderr.String()) {
+		t.Errorf("want change.sh blamed for its address:\n%s", &stderr)
 	}
 }
 

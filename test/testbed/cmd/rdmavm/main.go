@@ -18,7 +18,9 @@
 // package under emulation): the rdmavm exec commands started under COMMAND
 // find the session in their environment and run in its guest, one at a
 // time, each a process of its own as before and judged only by what the
-// guest's kernel reported since the one before. make test runs its single-guest
+// guest's kernel reported since the one before. One that leaves the guest's
+// links, addresses or RDMA devices changed fails; after a failure the next
+// gets a new guest. make test runs its single-guest
 // packages that way:
 //
 //	rdmavm session go test -exec "rdmavm exec" -tags integration ./...
@@ -45,6 +47,7 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/rdmago/rdmago/test/testbed"
 )
@@ -120,7 +123,7 @@ func execInGuest(ctx context.Context, opts testbed.Options, argv []string) (int,
 		}
 	}
 	argv = append([]string{prog}, argv[1:]...)
-	if sock, ok := sessionFor(opts); ok {
+	if sock, ok := sessionFor(opts, prog); ok {
 		return execInSession(ctx, sock, argv)
 	}
 	g, err := testbed.Boot(ctx, opts)
@@ -133,21 +136,37 @@ func execInGuest(ctx context.Context, opts testbed.Options, argv []string) (int,
 			return 0, err
 		}
 	}
-	code, _ := runJudged(ctx, g, argv, nil, "", os.Stdout, os.Stderr, func() string { return g.KernelLog(context.Background()) })
+	err = run(ctx, g, argv, nil, "", os.Stdout, os.Stderr)
+	code, _ := judge(err, argv[0], readKernelLog(g, "dmesg"), os.Stderr)
 	return code, nil
 }
 
-// runJudged runs argv in g and returns its exit status for rdmavm's own, and
-// whether the guest was lost under it. A failure is followed by the guest's
-// kernel log; a success while the kernel reported a problem is a failure.
-// kernelLog is read once, after the command.
-func runJudged(ctx context.Context, g *testbed.Guest, argv, env []string, dir string, stdout, stderr io.Writer,
-	kernelLog func() string) (code int, lost bool) {
+// run runs argv in g, with the host's environment and directory unless
+// env and dir say otherwise.
+func run(ctx context.Context, g *testbed.Guest, argv, env []string, dir string, stdout, stderr io.Writer) error {
 	cmd := g.Command(ctx, argv[0], argv[1:]...)
 	cmd.Env, cmd.Dir = env, dir
 	cmd.Stdout, cmd.Stderr = stdout, stderr
-	err := cmd.Run()
-	log := kernelLog()
+	return cmd.Run()
+}
+
+// readKernelLog returns the guest's kernel log as dmesg (with args) prints
+// it, or the console's when dmesg cannot run.
+func readKernelLog(g *testbed.Guest, dmesg ...string) string {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	out, err := g.Command(ctx, dmesg[0], dmesg[1:]...).CombinedOutput()
+	if err != nil {
+		return g.KernelLog(ctx)
+	}
+	return string(out)
+}
+
+// judge turns how prog ended in the guest (run's error) into rdmavm's exit
+// status, and tells whether the guest was lost under it. A failure is
+// followed by the guest's kernel log; a success while the kernel reported
+// a problem is a failure.
+func judge(err error, prog, log string, stderr io.Writer) (code int, lost bool) {
 	var exit *testbed.ExitError
 	if errors.As(err, &exit) {
 		fmt.Fprintf(stderr, "rdmavm: %v\n", err)
@@ -158,18 +177,15 @@ func runJudged(ctx context.Context, g *testbed.Guest, argv, env []string, dir st
 		default:
 			fmt.Fprint(stderr, testbed.KernelLogTail(log, 40))
 		}
-		if exit.Code > 0 {
-			return exit.Code, exit.GuestLost
-		}
-		return 1, exit.GuestLost
+		return max(exit.Code, 1), exit.GuestLost
 	}
-	if err != nil {
+	if err != nil { // it did not start: the guest is gone
 		fmt.Fprintf(stderr, "rdmavm: %v\n", err)
-		return 1, false
+		return 1, true
 	}
 	if reports := testbed.KernelReports(log); len(reports) > 0 {
 		fmt.Fprintf(stderr, "rdmavm: %s exited 0, but the guest's kernel reported %d problem(s) while it ran; "+
-			"failing the run, since a pass beside a kernel bug or warning proves little:\n", filepath.Base(argv[0]), len(reports))
+			"failing the run, since a pass beside a kernel bug or warning proves little:\n", filepath.Base(prog), len(reports))
 		for _, r := range reports {
 			fmt.Fprintf(stderr, "--- guest kernel report ---\n%s\n--- end of guest kernel report ---\n", r)
 		}

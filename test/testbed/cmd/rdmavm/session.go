@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/rdmago/rdmago/test/testbed"
@@ -35,14 +36,19 @@ func runSession(ctx context.Context, opts testbed.Options, argv []string) (int, 
 		return 0, err
 	}
 	defer os.RemoveAll(tmp)
-	// go test builds its test binaries under GOTMPDIR and has them write
-	// their logs beside them: the guest must be able to write there.
+	// go test builds its test binaries under GOTMPDIR. There they are in
+	// a directory the guest mounts read-write: one the session has (see
+	// sessionFor), and whose files the guest sees as the host writes them,
+	// where its view of the host's root may keep what it read before.
 	gotmp := filepath.Join(tmp, "go")
 	if err := os.Mkdir(gotmp, 0o755); err != nil {
 		return 0, err
 	}
 	opts.Writable = []string{testbed.WorkDir(), gotmp}
-	s := &session{ctx: ctx, opts: opts}
+	// Ends the commands still running in the guest once argv has ended.
+	serveCtx, stopServing := context.WithCancel(ctx)
+	defer stopServing()
+	s := &session{ctx: serveCtx, opts: opts}
 	if err := s.boot(ctx); err != nil {
 		return 0, err
 	}
@@ -60,11 +66,16 @@ func runSession(ctx context.Context, opts testbed.Options, argv []string) (int, 
 	}()
 	defer serving.Wait()
 	defer ln.Close()
+	defer stopServing()
 
 	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 	cmd.Env = append(os.Environ(), sessionEnv+"="+sock,
 		sessionWritableEnv+"="+strings.Join(opts.Writable, string(os.PathListSeparator)), "GOTMPDIR="+gotmp)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	// Signalled, the session asks its command to end (make, go test) rather
+	// than killing it under the execs it started.
+	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
+	cmd.WaitDelay = 10 * time.Second
 	err = cmd.Run()
 	var exit *exec.ExitError
 	if errors.As(err, &exit) && exit.ExitCode() > 0 {
@@ -85,23 +96,29 @@ type session struct {
 	// the command it came with (or, if it came between two, on the next).
 	mu    sync.Mutex
 	guest *testbed.Guest
-	lost  bool   // the guest died under the last command, or was left changed
-	state string // the guest's network and RDMA links, as booted
-	conns sync.WaitGroup
+	// why the next command needs a new guest, or "": the last one failed
+	// (what it left behind is unknown), changed the guest, or lost it.
+	replace string
+	state   string // the guest's links and addresses, as booted
+	conns   sync.WaitGroup
 }
 
 func (s *session) serve(ln net.Listener) {
 	defer s.conns.Wait()
 	for {
 		c, err := ln.Accept()
-		if err != nil {
+		if errors.Is(err, net.ErrClosed) {
 			return
+		}
+		if err != nil { // out of descriptors, say: try again
+			time.Sleep(100 * time.Millisecond)
+			continue
 		}
 		s.conns.Add(1)
 		go func() {
 			defer s.conns.Done()
 			defer c.Close()
-			s.handle(agent.NewConn(c))
+			s.handle(c)
 		}()
 	}
 }
@@ -109,12 +126,15 @@ func (s *session) serve(ln net.Listener) {
 // handle runs one rdmavm exec's command. The client sends one start
 // message and then nothing: when its end of the socket closes (go test's
 // timeout killed it), the command is killed.
-func (s *session) handle(conn *agent.Conn) {
+func (s *session) handle(c net.Conn) {
+	conn := agent.NewConn(c)
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
 	m, err := conn.Receive()
 	if err != nil || m.Type != agent.TypeStart || len(m.Argv) == 0 {
 		_ = conn.Send(&agent.Message{Type: agent.TypeExit, Code: -1, Err: "session: want one start message with a command"})
 		return
 	}
+	_ = c.SetReadDeadline(time.Time{})
 	ctx, cancel := context.WithCancel(s.ctx)
 	defer cancel()
 	go func() {
@@ -123,55 +143,92 @@ func (s *session) handle(conn *agent.Conn) {
 	}()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if err := s.replaceLostGuest(ctx); err != nil {
+	if ctx.Err() != nil { // gone while it waited its turn
+		return
+	}
+	stderr := &outputWriter{conn, 2}
+	prog := filepath.Base(m.Argv[0])
+	if err := s.freshGuestIfNeeded(ctx, prog, stderr); err != nil {
 		_ = conn.Send(&agent.Message{Type: agent.TypeExit, Code: -1, Err: err.Error()})
 		return
 	}
 	g := s.guest
-	// Each command is judged by the kernel log since the last one: read it
-	// and clear it, even when the client is gone.
-	kernelLog := func() string {
-		c, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		out, err := g.Command(c, "dmesg", "--read-clear").CombinedOutput()
-		if err != nil {
-			return g.KernelLog(c)
-		}
-		return string(out)
+	err = run(ctx, g, m.Argv, withoutSession(m.Env), m.Dir, &outputWriter{conn, 1}, stderr)
+	// What the command's end set off in the kernel (netdevs and namespaces
+	// going, devices freed) belongs to it: let the guest settle before its
+	// kernel log is read, and cleared for the next command. (--syslog:
+	// reading and clearing are then one step, and nothing logged between
+	// them is lost.)
+	changed, stateErr := "", error(nil)
+	if g.Err() == nil {
+		changed, stateErr = s.changes(g)
 	}
-	stderr := &outputWriter{conn, 2}
-	code, lost := runJudged(ctx, g, m.Argv, withoutSession(m.Env), m.Dir, &outputWriter{conn, 1}, stderr, kernelLog)
-	if lost {
-		s.lost = true
-	} else if changed := s.changes(); changed != "" {
+	code, lost := judge(err, m.Argv[0], readKernelLog(g, "dmesg", "--syslog", "--read-clear"), stderr)
+	switch {
+	case lost:
+		s.replace = "lost under " + prog
+	case stateErr != nil:
+		fmt.Fprintf(stderr, "rdmavm: after %s: %v\n", prog, stateErr)
+		code, s.replace = max(code, 1), "state unreadable after "+prog
+	case changed != "":
 		// Blame the command that changed the guest, not the next one
-		// that trips over it, and give the next a fresh guest.
+		// that trips over it.
 		fmt.Fprintf(stderr, "rdmavm: %s left the session's guest changed (a test must undo what it changes in "+
-			"a guest that later packages share); its links and addresses, - as booted, + now:\n%s",
-			filepath.Base(m.Argv[0]), changed)
-		code = max(code, 1)
-		s.lost = true
+			"a guest that later packages share); its links and addresses, - as booted, + now:\n%s", prog, changed)
+		code, s.replace = max(code, 1), "changed by "+prog
+	case code != 0 || ctx.Err() != nil:
+		// A failed or killed test may have skipped its cleanups, and left
+		// what the state check does not look at.
+		s.replace = prog + " failed in it"
 	}
 	_ = conn.Send(&agent.Message{Type: agent.TypeExit, Code: code})
 }
 
-// boot starts the session's guest and records its state.
+// freshGuestIfNeeded boots a new guest if the last command failed, lost
+// or changed the old one, or the old one died since: one package's fault
+// fails that package, not every later one.
+func (s *session) freshGuestIfNeeded(ctx context.Context, prog string, stderr *outputWriter) error {
+	if s.replace == "" {
+		err := s.guest.Err()
+		if err == nil {
+			return nil
+		}
+		s.replace = fmt.Sprintf("died after its last command: %v", err)
+	}
+	fmt.Fprintf(stderr, "rdmavm: a new guest for %s (the last: %s)\n", prog, s.replace)
+	s.guest.Kill()
+	if err := s.boot(ctx); err != nil {
+		return fmt.Errorf("session: booting a new guest (%s): %w", s.replace, err)
+	}
+	return nil
+}
+
+// boot starts the session's guest and records its state once it holds
+// still (ports and link-local addresses settle just after a boot).
 func (s *session) boot(ctx context.Context) error {
 	g, err := testbed.Boot(ctx, s.opts)
 	if err != nil {
 		return err
 	}
 	state, err := guestState(ctx, g)
+	for i := 0; err == nil && i < 20; i++ {
+		var again string
+		if again, err = guestState(ctx, g); err == nil && again == state {
+			break
+		}
+		state = again
+		time.Sleep(100 * time.Millisecond)
+	}
 	if err != nil {
 		g.Close()
 		return fmt.Errorf("session: %w", err)
 	}
-	s.guest, s.state, s.lost = g, state, false
+	s.guest, s.state, s.replace = g, state, ""
 	return nil
 }
 
 // guestState lists the guest's netdevs with their addresses and state, in
-// every namespace of the topology, and its RDMA links.
+// every namespace, and its RDMA links.
 func guestState(ctx context.Context, g *testbed.Guest) (string, error) {
 	script := "ip -br addr show; for ns in $(ip netns list | cut -d' ' -f1); do echo \"netns $ns:\"; " +
 		"ip -n \"$ns\" -br addr show; done; rdma link show"
@@ -182,28 +239,27 @@ func guestState(ctx context.Context, g *testbed.Guest) (string, error) {
 	return string(out), nil
 }
 
-// changes returns how the guest differs from its booted state, after
-// giving it a few seconds to settle (a netdev deleted in a test's cleanup
-// goes once its last user has), or "".
-func (s *session) changes() string {
+// changes returns how g differs from its booted state, after giving it a
+// few seconds to settle (a netdev deleted in a test's cleanup goes once its
+// last user has), or "".
+func (s *session) changes(g *testbed.Guest) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	var now string
 	for deadline := time.Now().Add(10 * time.Second); ; {
-		var err error
-		if now, err = guestState(ctx, s.guest); err != nil {
-			return err.Error() + "\n"
+		now, err := guestState(ctx, g)
+		if err != nil {
+			return "", err
 		}
-		if now == s.state || time.Now().After(deadline) {
-			break
+		d := lineDiff(s.state, now)
+		if d == "" || time.Now().After(deadline) {
+			return d, nil
 		}
 		time.Sleep(250 * time.Millisecond)
 	}
-	return lineDiff(s.state, now)
 }
 
 // lineDiff returns the lines only in a, marked -, then those only in b,
-// marked +.
+// marked +, whatever their order.
 func lineDiff(a, b string) string {
 	count := map[string]int{}
 	for _, l := range strings.Split(b, "\n") {
@@ -224,20 +280,6 @@ func lineDiff(a, b string) string {
 		}
 	}
 	return d.String()
-}
-
-// replaceLostGuest boots a new guest if the last command lost the old one
-// (a kernel panic) or left it changed, so that one package's fault fails
-// that package, not every later one.
-func (s *session) replaceLostGuest(ctx context.Context) error {
-	if !s.lost {
-		return nil
-	}
-	s.guest.Kill()
-	if err := s.boot(ctx); err != nil {
-		return fmt.Errorf("session: booting a guest to replace the last one: %w", err)
-	}
-	return nil
 }
 
 // outputWriter sends what a command writes to fd to the rdmavm exec
@@ -266,15 +308,21 @@ func withoutSession(env []string) []string {
 
 // sessionFor returns the socket of the session that exec should use: one
 // is in the environment, the guest it asks for is the session's kind, and
-// every directory it must write is writable there. Otherwise exec boots a
-// guest of its own.
-func sessionFor(opts testbed.Options) (string, bool) {
+// the directories it writes and the program's own are writable there. (A
+// program elsewhere, built after the session's guest first looked, could
+// be missing or stale in the guest's cached view of the host.) Otherwise
+// exec boots a guest of its own.
+func sessionFor(opts testbed.Options, prog string) (string, bool) {
 	sock := os.Getenv(sessionEnv)
 	if sock == "" || opts.CostModel || opts.CPUs != 0 {
 		return "", false
 	}
+	need := append([]string{testbed.WorkDir()}, opts.Writable...)
+	if strings.Contains(prog, "/") {
+		need = append(need, filepath.Dir(prog))
+	}
 	writable := filepath.SplitList(os.Getenv(sessionWritableEnv))
-	for _, dir := range opts.Writable {
+	for _, dir := range need {
 		if !underAny(dir, writable) {
 			return "", false
 		}
