@@ -93,7 +93,7 @@ prepare: $(RDMAVM)
 	$(RDMAVM) prepare
 
 # One guest serves every package's test binary in turn (rdmavm session): a
-# boot costs about 8 s under emulation, and there are some twenty binaries.
+# boot costs about 7 s under emulation, and there are some twenty binaries.
 integration: prepare
 	@echo "== integration tests inside a guest with rxe and siw (one guest for all, each package in a fresh process)"
 	$(RDMAVM) session $(MAKE) --no-print-directory integration-in-guest

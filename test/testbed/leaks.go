@@ -120,7 +120,9 @@ func OpenFDs(tb testing.TB) int {
 // Snapshot is what a process holds at one moment, inside a guest: its RDMA
 // objects (as Objects counts them), open descriptors and goroutines. A
 // program that is not a test finds its leaks with TakeSnapshot before and
-// LeaksSince after; tests use CheckNoLeaks.
+// LeaksSince after; tests use CheckNoLeaks. LeaksSince tells goroutines
+// apart by id, which only TakeSnapshot records: Goroutines is their number,
+// for reports.
 type Snapshot struct {
 	Objects    map[string]int
 	FDs        int

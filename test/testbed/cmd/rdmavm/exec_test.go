@@ -47,23 +47,26 @@ const warnScript = "echo '------------[ cut here ]------------' > /dev/kmsg\n" +
 
 // A session boots one guest for the execs under it. Each still gets its own
 // exit status and its own kernel reports; one that leaves the guest changed
-// fails, and after a failure the next exec gets a new guest.
+// fails, after a failure the next exec gets a new guest, and a guest that
+// dies after an exec passed fails the next.
 func TestSessionSharesOneGuest(t *testing.T) {
 	dir := t.TempDir()
 	rdmavm := buildRdmavm(t, dir)
-	id := writeScript(t, dir, "id.sh", "echo boot $(cat /proc/sys/kernel/random/boot_id)\nexit $1\n")
-	warn := writeScript(t, dir, "warn.sh", warnScript)
-	change := writeScript(t, dir, "change.sh", "ip addr add 10.99.0.1/24 dev lo\n")
+	writeScript(t, dir, "id.sh", "echo boot $(cat /proc/sys/kernel/random/boot_id)\nexit $1\n")
+	// Passes, and crashes the guest's kernel a moment later.
+	writeScript(t, dir, "crash.sh", "setsid sh -c 'sleep 1; echo c > /proc/sysrq-trigger' >/dev/null 2>&1 &\n")
+	writeScript(t, dir, "warn.sh", warnScript)
+	writeScript(t, dir, "change.sh", "ip addr add 10.99.0.1/24 dev lo\n")
 	var stdout, stderr bytes.Buffer
 	// The programs go where the session's guest sees the host's files as
 	// they are (GOTMPDIR, which the session sets): from elsewhere, exec
 	// boots a guest of its own.
 	cmd := exec.Command(rdmavm, "session", "sh", "-c",
-		`cp "$1" "$2" "$3" "$GOTMPDIR" && cd "$GOTMPDIR" || exit 8; `+
-			`"$0" exec ./id.sh 0 || exit 9; "$0" exec ./id.sh 0 || exit 9; "$0" exec ./warn.sh; echo warn=$?; `+
-			`"$0" exec ./id.sh 3; echo id=$?; "$0" exec ./change.sh; echo change=$?; `+
-			`"$0" exec "$1" 0; exit 4`,
-		rdmavm, id, warn, change)
+		`cp "$1"/*.sh "$GOTMPDIR" && cd "$GOTMPDIR" || exit 8; `+
+			`"$0" exec ./id.sh 0 || exit 9; "$0" exec ./id.sh 0 || exit 9; "$0" exec ./crash.sh || exit 9; sleep 5; `+
+			`"$0" exec ./id.sh 3; echo id=$?; "$0" exec ./warn.sh; echo warn=$?; "$0" exec ./change.sh; echo change=$?; `+
+			`"$0" exec "$1"/id.sh 0; exit 4`,
+		rdmavm, dir)
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()
 	var exit *exec.ExitError
@@ -76,35 +79,38 @@ func TestSessionSharesOneGuest(t *testing.T) {
 			boots = append(boots, line)
 		}
 	}
-	// One guest for the first three; warn.sh failed, so id.sh 3 has
-	// another, and change.sh a third. The last id.sh, outside the
-	// session's directories, has a guest of its own.
+	// One guest for the first three, which crash.sh crashed; id.sh 3 has
+	// another. The last id.sh, outside the session's directories, has a
+	// guest of its own.
 	if len(boots) != 4 || boots[0] != boots[1] || boots[1] == boots[2] || boots[3] == boots[2] {
 		t.Errorf("want one guest's boot id twice, then two others, got %q", boots)
 	}
-	if n := strings.Count(stderr.String(), "booting guest"); n != 4 {
-		t.Errorf("%d boots, want 4:\n%s", n, &stderr)
+	// A (id, id, crash), B (id 3), C (warn), D (change), E (the last).
+	if n := strings.Count(stderr.String(), "booting guest"); n != 5 {
+		t.Errorf("%d boots, want 5:\n%s", n, &stderr)
 	}
-	for _, want := range []string{"a new guest for id.sh (the last: warn.sh failed in it)",
-		"a new guest for change.sh (the last: id.sh failed in it)"} {
+	for _, want := range []string{
+		"a new guest for id.sh (the last: died after its last command",
+		"failing id.sh: the session's guest died after the command before it had passed",
+		"a new guest for warn.sh (the last: id.sh failed in it)",
+		"warn.sh exited 0, but the guest's kernel reported 1 problem(s)",
+		"a new guest for change.sh (the last: warn.sh failed in it)",
+		"change.sh left the session's guest changed",
+	} {
 		if !strings.Contains(stderr.String(), want) {
 			t.Errorf("want %q in:\n%s", want, &stderr)
 		}
 	}
-	for _, want := range []string{"warn=1", "id=3", "change=1"} {
+	for _, want := range []string{"id=3", "warn=1", "change=1"} {
 		if !strings.Contains(stdout.String(), want) {
 			t.Errorf("want %q (each exec's own exit status) in:\n%s", want, &stdout)
 		}
 	}
-	if !strings.Contains(stderr.String(), "warn.sh exited 0, but the guest's kernel reported 1 problem(s)") {
-		t.Errorf("the warning was not reported for warn.sh:\n%s", &stderr)
-	}
 	if n := strings.Count(stderr.String(), "injected.c:7"); n != 1 {
 		t.Errorf("the injected warning shows %d times, want once (in warn.sh's report):\n%s", n, &stderr)
 	}
-	if !strings.Contains(stderr.String(), "change.sh left the session's guest changed") ||
-		!regexp.MustCompile(`(?m)^\+ lo .*10\.99\.0\.1/24`).MatchString(stderr.String()) {
-		t.Errorf("want change.sh blamed for its address:\n%s", &stderr)
+	if !regexp.MustCompile(`(?m)^\+ lo .*10\.99\.0\.1/24`).MatchString(stderr.String()) {
+		t.Errorf("want change.sh's address in its report:\n%s", &stderr)
 	}
 }
 

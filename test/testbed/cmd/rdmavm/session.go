@@ -45,7 +45,8 @@ func runSession(ctx context.Context, opts testbed.Options, argv []string) (int, 
 		return 0, err
 	}
 	opts.Writable = []string{testbed.WorkDir(), gotmp}
-	// Ends the commands still running in the guest once argv has ended.
+	// Ends the commands still running in the guest when the session is
+	// signalled or argv has ended.
 	serveCtx, stopServing := context.WithCancel(ctx)
 	defer stopServing()
 	s := &session{ctx: serveCtx, opts: opts}
@@ -72,8 +73,8 @@ func runSession(ctx context.Context, opts testbed.Options, argv []string) (int, 
 	cmd.Env = append(os.Environ(), sessionEnv+"="+sock,
 		sessionWritableEnv+"="+strings.Join(opts.Writable, string(os.PathListSeparator)), "GOTMPDIR="+gotmp)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
-	// Signalled, the session asks its command to end (make, go test) rather
-	// than killing it under the execs it started.
+	// Signalled, the session asks its command to end (SIGTERM) rather than
+	// killing it outright, so that make and go test can end their own.
 	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
 	cmd.WaitDelay = 10 * time.Second
 	err = cmd.Run()
@@ -99,8 +100,11 @@ type session struct {
 	// why the next command needs a new guest, or "": the last one failed
 	// (what it left behind is unknown), changed the guest, or lost it.
 	replace string
-	state   string // the guest's links and addresses, as booted
-	conns   sync.WaitGroup
+	// why the guest died after the last command passed, or "": the next
+	// command fails for it, as for a kernel report between two commands.
+	diedBetween string
+	state       string // the guest's links and addresses, as booted
+	conns       sync.WaitGroup
 }
 
 func (s *session) serve(ln net.Listener) {
@@ -148,22 +152,28 @@ func (s *session) handle(c net.Conn) {
 	}
 	stderr := &outputWriter{conn, 2}
 	prog := filepath.Base(m.Argv[0])
-	if err := s.freshGuestIfNeeded(ctx, prog, stderr); err != nil {
+	if err := s.freshGuestIfNeeded(prog, stderr); err != nil {
 		_ = conn.Send(&agent.Message{Type: agent.TypeExit, Code: -1, Err: err.Error()})
+		return
+	}
+	if ctx.Err() != nil { // gone while a guest booted for it
 		return
 	}
 	g := s.guest
 	err = run(ctx, g, m.Argv, withoutSession(m.Env), m.Dir, &outputWriter{conn, 1}, stderr)
 	// What the command's end set off in the kernel (netdevs and namespaces
-	// going, devices freed) belongs to it: let the guest settle before its
-	// kernel log is read, and cleared for the next command. (--syslog:
-	// reading and clearing are then one step, and nothing logged between
-	// them is lost.)
+	// going) belongs to it: the guest settles, as far as the state check
+	// sees, before its kernel log is read and cleared for the next command.
 	changed, stateErr := "", error(nil)
 	if g.Err() == nil {
 		changed, stateErr = s.changes(g)
 	}
-	code, lost := judge(err, m.Argv[0], readKernelLog(g, "dmesg", "--syslog", "--read-clear"), stderr)
+	code, lost := judge(err, m.Argv[0], readAndClearKernelLog(g), stderr)
+	if s.diedBetween != "" {
+		fmt.Fprintf(stderr, "rdmavm: failing %s: the session's guest died after the command before it had passed "+
+			"(%s), and what comes between two commands is blamed on the next\n", prog, s.diedBetween)
+		code, s.diedBetween = max(code, 1), ""
+	}
 	switch {
 	case lost:
 		s.replace = "lost under " + prog
@@ -186,38 +196,46 @@ func (s *session) handle(c net.Conn) {
 
 // freshGuestIfNeeded boots a new guest if the last command failed, lost
 // or changed the old one, or the old one died since: one package's fault
-// fails that package, not every later one.
-func (s *session) freshGuestIfNeeded(ctx context.Context, prog string, stderr *outputWriter) error {
+// fails that package, not every later one. It boots for the session, not
+// for the client, which may leave meanwhile.
+func (s *session) freshGuestIfNeeded(prog string, stderr *outputWriter) error {
 	if s.replace == "" {
 		err := s.guest.Err()
 		if err == nil {
 			return nil
 		}
 		s.replace = fmt.Sprintf("died after its last command: %v", err)
+		s.diedBetween = err.Error()
 	}
 	fmt.Fprintf(stderr, "rdmavm: a new guest for %s (the last: %s)\n", prog, s.replace)
 	s.guest.Kill()
-	if err := s.boot(ctx); err != nil {
+	if err := s.boot(s.ctx); err != nil {
 		return fmt.Errorf("session: booting a new guest (%s): %w", s.replace, err)
 	}
 	return nil
 }
 
 // boot starts the session's guest and records its state once it holds
-// still (ports and link-local addresses settle just after a boot).
+// still for a moment (ports and link-local addresses settle just after a
+// boot), lest the first command be blamed for the settling.
 func (s *session) boot(ctx context.Context) error {
 	g, err := testbed.Boot(ctx, s.opts)
 	if err != nil {
 		return err
 	}
 	state, err := guestState(ctx, g)
-	for i := 0; err == nil && i < 20; i++ {
+	for deadline := time.Now().Add(10 * time.Second); err == nil; {
+		time.Sleep(300 * time.Millisecond)
 		var again string
-		if again, err = guestState(ctx, g); err == nil && again == state {
+		if again, err = guestState(ctx, g); err != nil || again == state {
+			break
+		}
+		if time.Now().After(deadline) {
+			err = fmt.Errorf("the guest's links did not hold still after its boot; the last two reads, - then +:\n%s",
+				lineDiff(state, again))
 			break
 		}
 		state = again
-		time.Sleep(100 * time.Millisecond)
 	}
 	if err != nil {
 		g.Close()
@@ -239,9 +257,26 @@ func guestState(ctx context.Context, g *testbed.Guest) (string, error) {
 	return string(out), nil
 }
 
-// changes returns how g differs from its booted state, after giving it a
-// few seconds to settle (a netdev deleted in a test's cleanup goes once its
-// last user has), or "".
+// readAndClearKernelLog returns the guest's kernel log since the last call
+// and clears it (--syslog: reading and clearing are then one step, and
+// nothing logged between them is lost). When that fails, the console's
+// copy is judged, and the log cleared apart.
+func readAndClearKernelLog(g *testbed.Guest) string {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	out, err := g.Command(ctx, "dmesg", "--syslog", "--read-clear").CombinedOutput()
+	if err == nil {
+		return string(out)
+	}
+	log := g.KernelLog(ctx)
+	_ = g.Command(ctx, "dmesg", "--clear").Run()
+	return log
+}
+
+// changes returns how g differs from its booted state, after giving it up
+// to 10 s to come back (a netdev deleted in a test's cleanup goes once its
+// last user has), or "". It does not wait when nothing differs: work the
+// state does not show (rxe freeing a QP) may still be under way.
 func (s *session) changes(g *testbed.Guest) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
