@@ -48,7 +48,7 @@ const warnScript = "echo '------------[ cut here ]------------' > /dev/kmsg\n" +
 // A session boots one guest for the execs under it. Each still gets its own
 // exit status and its own kernel reports; one that leaves the guest changed
 // fails, after a failure the next exec gets a new guest, and a guest that
-// dies after an exec passed fails the next.
+// dies after an exec passed fails the next, or the session after its last.
 func TestSessionSharesOneGuest(t *testing.T) {
 	dir := t.TempDir()
 	rdmavm := buildRdmavm(t, dir)
@@ -111,6 +111,20 @@ func TestSessionSharesOneGuest(t *testing.T) {
 	}
 	if !regexp.MustCompile(`(?m)^\+ lo .*10\.99\.0\.1/24`).MatchString(stderr.String()) {
 		t.Errorf("want change.sh's address in its report:\n%s", &stderr)
+	}
+
+	// A guest that dies after the last exec passed fails the session.
+	stdout.Reset()
+	stderr.Reset()
+	cmd = exec.Command(rdmavm, "session", "sh", "-c",
+		`cp "$1"/crash.sh "$GOTMPDIR" && cd "$GOTMPDIR" || exit 8; "$0" exec ./crash.sh || exit 9; sleep 5`,
+		rdmavm, dir)
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err = cmd.Run()
+	if !errors.As(err, &exit) || exit.ExitCode() != 1 ||
+		!strings.Contains(stderr.String(), "the guest died after its last command had passed") {
+		t.Errorf("rdmavm session with a crash after its last exec: %v, want exit status 1 saying why\nstderr:\n%s",
+			err, &stderr)
 	}
 }
 

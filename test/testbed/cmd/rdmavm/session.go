@@ -78,14 +78,40 @@ func runSession(ctx context.Context, opts testbed.Options, argv []string) (int, 
 	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
 	cmd.WaitDelay = 10 * time.Second
 	err = cmd.Run()
+	stopServing()
+	ln.Close()
+	serving.Wait()
+	code := 0
 	var exit *exec.ExitError
-	if errors.As(err, &exit) && exit.ExitCode() > 0 {
-		return exit.ExitCode(), nil
-	}
-	if err != nil {
+	switch {
+	case errors.As(err, &exit) && exit.ExitCode() > 0:
+		code = exit.ExitCode()
+	case err != nil:
 		return 0, fmt.Errorf("session: %s: %w", argv[0], err)
 	}
-	return 0, nil
+	if problem := s.afterTheLast(); problem != "" {
+		fmt.Fprintln(os.Stderr, "rdmavm: session:", problem)
+		code = max(code, 1)
+	}
+	return code, nil
+}
+
+// afterTheLast judges what the guest did after the last command passed
+// (as the next command would have been judged): a crash, or a kernel
+// report. After a failed command the guest was condemned already.
+func (s *session) afterTheLast() string {
+	if s.replace != "" {
+		return ""
+	}
+	if err := s.guest.Err(); err != nil {
+		return fmt.Sprintf("the guest died after its last command had passed: %v", err)
+	}
+	reports := testbed.KernelReports(readAndClearKernelLog(s.guest))
+	if len(reports) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("the guest's kernel reported %d problem(s) after the last command had passed:\n%s",
+		len(reports), strings.Join(reports, "\n---\n"))
 }
 
 // session is the host side of one session's guest.
