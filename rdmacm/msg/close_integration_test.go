@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rdmago/rdmago/rdmacm"
+	"github.com/rdmago/rdmago/verbs"
 )
 
 // Messages held across Close stay readable and intact; Release after Close
@@ -309,5 +310,75 @@ func TestSendWaitingOnAStrandedRequestEndsWithTheConnection(t *testing.T) {
 		case <-time.After(10 * time.Second):
 			t.Fatal("Send still waits 10 s after the connection ended")
 		}
+	})
+}
+
+// A post refused because the QP left RTS is a teardown under way (siw
+// resets the QPs of a netdev that went down before rdmacm reports the
+// end): Send and Recv report the end that follows, as they would had it
+// come first. With no end coming, the refusal is the reason, after
+// CloseTimeout, and the peer learns of the end.
+//
+// On rxe only: the test moves the QP to RESET by hand, and on siw a post
+// after that move is queued without an error (seen in the test bed, the
+// kernel reporting RESET), so no refusal can be had this way. siw refuses
+// posts after its own teardown: the flap row of TestTwoGuestsFaultMatrix.
+func TestRefusedPostReportsTheEndThatFollows(t *testing.T) {
+	t.Run("rxe0", func(t *testing.T) {
+		d := rxe(t)
+		checkNoLeaks(t)
+		cfg := &Config{MaxMessageSize: 1024, Credits: 8, CloseTimeout: time.Second}
+		reset := func(t *testing.T, c *Conn) {
+			t.Helper()
+			// As siw does to the QPs of a netdev that goes down.
+			require.NoError(t, c.qp.Modify(&verbs.QPAttr{State: verbs.QPStateReset}, verbs.AttrState))
+		}
+
+		t.Run("the end follows", func(t *testing.T) {
+			// The end comes once the peer's Close has waited for its FIN
+			// (up to its CloseTimeout): this side waits longer.
+			client, server := pair(t, d, &Config{MaxMessageSize: 1024, Credits: 8, CloseTimeout: 10 * time.Second}, cfg)
+			ctx := ctxFor(t, 30*time.Second)
+			deliverOne(t, ctx, client, server)
+			reset(t, client)
+			sendDone := make(chan error, 1)
+			go func() { sendDone <- client.Send(ctx, []byte("refused")) }()
+			select {
+			case err := <-sendDone:
+				t.Fatalf("Send returned before the end came: %v", err)
+			case <-time.After(300 * time.Millisecond):
+			}
+			require.NoError(t, server.Close())
+			select {
+			case err := <-sendDone:
+				require.ErrorIs(t, err, rdmacm.ErrEnded, "the refused Send reports the end")
+				assert.NotErrorIs(t, err, ErrTransport)
+			case <-time.After(10 * time.Second):
+				t.Fatal("the refused Send still waits 10 s after the peer closed")
+			}
+			_, err := client.Recv(ctx)
+			assert.ErrorIs(t, err, rdmacm.ErrEnded)
+			assert.ErrorIs(t, client.Send(ctx, []byte("after")), rdmacm.ErrEnded)
+			assert.NoError(t, client.Close())
+		})
+
+		t.Run("no end comes", func(t *testing.T) {
+			client, server := pair(t, d, cfg, cfg)
+			ctx := ctxFor(t, 30*time.Second)
+			deliverOne(t, ctx, client, server)
+			reset(t, client)
+			begin := time.Now()
+			err := client.Send(ctx, []byte("refused"))
+			waited := time.Since(begin)
+			require.ErrorIs(t, err, ErrTransport)
+			assert.Contains(t, err.Error(), "post a DATA frame")
+			assert.Contains(t, err.Error(), "the QP is in RESET")
+			assert.GreaterOrEqual(t, waited, 900*time.Millisecond, "the end was awaited for CloseTimeout")
+			assert.Less(t, waited, 5*time.Second)
+			_, rerr := client.Recv(ctx)
+			assert.ErrorIs(t, rerr, ErrTransport, "Recv reports the same reason")
+			assert.NoError(t, client.Close())
+			assert.NoError(t, server.Close())
+		})
 	})
 }

@@ -38,6 +38,9 @@ type Config struct {
 	// CloseTimeout bounds how long Close waits to pass the end of the
 	// stream (FIN) and the messages still in flight to the peer (default
 	// 2 s); the disconnect that follows has the rdmacm ConnConfig's own.
+	// It also bounds the wait for the connection's end after the device
+	// refused a post or flushed the receives (a teardown under way), so
+	// that calls report that end rather than its first symptom.
 	CloseTimeout time.Duration
 
 	// KeepAlive, when positive, has the connection probe a silent peer:
@@ -232,10 +235,11 @@ type Conn struct {
 	// rxDone: no more receive completions are taken: the connection
 	// failed or ended, and those that arrived before are queued. Recv
 	// reports why once the queue is empty. flushPending: receives were
-	// flushed for a reason not known yet; the goroutine finds it
-	// (flushedByEnd) and clears it.
+	// flushed, or a post refused (refused), for a reason not known yet;
+	// the goroutine finds it (flushedByEnd) and clears it.
 	rxDone       bool
 	flushPending bool
+	refused      error
 	// recvSeen: Recv has taken receive completions itself; from then on
 	// the connection's goroutine takes them only for a Send waiting for
 	// credit. loopOnCQ: the goroutine is waiting on the
@@ -494,6 +498,9 @@ func (c *Conn) sendFrame(ctx context.Context, op string, t frameType, p []byte, 
 			case frameHello:
 				c.helloSent = true
 			}
+			if err != nil && c.refused != nil {
+				err = c.settledErrLocked()
+			}
 			c.mu.Unlock()
 			if err != nil {
 				return c.opError(op, err)
@@ -611,7 +618,7 @@ func (c *Conn) postLocked(id uint64, off int, h header, signaled bool) error {
 			return e
 		}
 		err = &kindError{ErrTransport, fmt.Errorf("post a %v frame: %w", h.typ, err)}
-		c.failLocked(err)
+		c.refusedLocked(err)
 		return err
 	}
 	c.posts++
@@ -670,6 +677,53 @@ func (c *Conn) grantedLocked() {
 		c.broadcastLocked()
 	}
 }
+
+// refusedLocked records a post the device refused. Posts are refused once
+// the QP has left RTS, and a teardown does that just before rdmacm reports
+// the end: the peer's disconnect moves it to ERR, and siw resets the QPs of
+// a netdev that went down. So, with the QP out of RTS, the goroutine waits
+// for the end (flushedByEnd), and the calls report that end, as they do
+// when it comes first; only if it does not come within CloseTimeout is the
+// refusal the reason. A refusal in RTS is a failure at once.
+func (c *Conn) refusedLocked(err error) {
+	if c.failed != nil || c.refused != nil {
+		return
+	}
+	if c.qp.State() == verbs.QPStateRTS {
+		c.failLocked(err)
+		return
+	}
+	c.refused, c.flushPending = err, true
+	c.broadcastLocked()
+	c.wakeLocked()
+}
+
+// settledErrLocked waits, after a post was refused, until the goroutine
+// knows why, and returns the reason: the connection's end, or the
+// refusal. It is called and returns with mu held; the wait is bounded by
+// CloseTimeout (flushedByEnd).
+func (c *Conn) settledErrLocked() error {
+	for c.flushPending && c.failed == nil && c.rc.Err() == nil && !c.closed {
+		ch := c.changedLocked()
+		c.mu.Unlock()
+		select {
+		case <-ch:
+		case <-c.rc.Done():
+		}
+		c.mu.Lock()
+	}
+	switch {
+	case c.failed != nil:
+		return c.failed
+	case c.rc.Err() != nil:
+		return c.rc.Err()
+	case c.closed:
+		return ErrClosed
+	}
+	return c.refused
+}
+
+var errFlushed = &kindError{ErrTransport, errors.New("the receives were flushed: the QP is in the error state")}
 
 // failLocked records why the connection can no longer be used, once, and
 // has the connection's goroutine end it.
@@ -784,7 +838,7 @@ func (c *Conn) sentLocked(wcs []verbs.WorkCompletion) {
 // else when a batch has gathered or the peer is short of credits.
 func (c *Conn) flushLocked(force bool) {
 	n := len(c.released)
-	if n == 0 || c.closed || c.failed != nil {
+	if n == 0 || c.closed || c.failed != nil || c.refused != nil {
 		return
 	}
 	if !force && uint32(n) < c.led.batch() && !c.led.starving() {
@@ -797,7 +851,7 @@ func (c *Conn) flushLocked(force bool) {
 	}
 	if err := c.qp.PostRecv(wrs...); err != nil {
 		if c.rc.Err() == nil {
-			c.failLocked(&kindError{ErrTransport, fmt.Errorf("post %d receive buffers again: %w", n, err)})
+			c.refusedLocked(&kindError{ErrTransport, fmt.Errorf("post %d receive buffers again: %w", n, err)})
 		}
 		return
 	}
@@ -865,7 +919,7 @@ func (c *Conn) release(m *Message) {
 // goroutine's job (housekeep).
 func (c *Conn) sendCreditsLocked() bool {
 	for c.led.wantCredit() && c.led.canSendCredit() {
-		if c.closed || c.failed != nil || c.rc.Err() != nil {
+		if c.closed || c.failed != nil || c.refused != nil || c.rc.Err() != nil {
 			return true
 		}
 		if len(c.freeCtl) == 0 {
@@ -878,7 +932,7 @@ func (c *Conn) sendCreditsLocked() bool {
 		c.freeCtl = c.freeCtl[:len(c.freeCtl)-1]
 		h := c.led.outgoing(frameCredit)
 		if err := c.postLocked(ctlID|uint64(slot), (c.nSend+slot)*c.sendSize, h, true); err != nil {
-			return true // the connection failed, which postLocked recorded
+			return true // the connection failed or is ending, which postLocked recorded
 		}
 	}
 	return true
@@ -1135,7 +1189,7 @@ func (c *Conn) loop() {
 		if err != nil {
 			c.failLocked(&kindError{ErrTransport, err}) // if nothing said why yet
 		}
-		failed, flush := c.failed != nil, c.flushPending
+		failed, flush, refused := c.failed != nil, c.flushPending, c.refused
 		c.mu.Unlock()
 		if failed {
 			// Here, or elsewhere (a send, a release, a keepalive probe,
@@ -1146,7 +1200,10 @@ func (c *Conn) loop() {
 		}
 		if flush {
 			if !c.flushedByEnd() {
-				c.quit(&kindError{ErrTransport, fmt.Errorf("the receives were flushed: the QP is in the error state")})
+				if refused == nil {
+					refused = errFlushed
+				}
+				c.quit(refused)
 				return
 			}
 			c.mu.Lock()
@@ -1302,10 +1359,10 @@ func (c *Conn) handleLocked(wc verbs.WorkCompletion) error {
 		c.queue = append(c.queue, m)
 	case frameCredit:
 		// Posted again at once, before this side can give the slot again.
-		if !c.closed && c.failed == nil {
+		if !c.closed && c.failed == nil && c.refused == nil {
 			if err := c.qp.PostRecv(verbs.RecvWR{ID: uint64(idx), SGEs: []verbs.SGE{c.recvMR.SGE(off, c.recvSize)}}); err != nil &&
 				c.rc.Err() == nil {
-				c.failLocked(&kindError{ErrTransport, fmt.Errorf("post a receive buffer again: %w", err)})
+				c.refusedLocked(&kindError{ErrTransport, fmt.Errorf("post a receive buffer again: %w", err)})
 			}
 		}
 	}

@@ -104,7 +104,7 @@ func (c *Conn) stopKeepalive() {
 // 2 × KeepAlive + KeepAliveTimeout.
 func (c *Conn) keepaliveTick() {
 	c.mu.Lock()
-	if c.closed || c.failed != nil || c.rc.Err() != nil {
+	if c.closed || c.failed != nil || c.refused != nil || c.rc.Err() != nil {
 		c.mu.Unlock()
 		return
 	}
@@ -134,10 +134,10 @@ func (c *Conn) keepaliveTick() {
 		err := c.qp.PostSend(ka.wr)
 		if err != nil {
 			if c.rc.Err() == nil {
-				c.failLocked(&kindError{ErrTransport, fmt.Errorf("post a keepalive probe: %w", err)})
+				c.refusedLocked(&kindError{ErrTransport, fmt.Errorf("post a keepalive probe: %w", err)})
 			}
+			// The connection's goroutine ends it, once it knows why.
 			c.mu.Unlock()
-			c.disconnect()
 			return
 		}
 		ka.probeOut, ka.probeAt = true, now
