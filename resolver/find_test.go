@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/rdmago/rdmago/verbs"
 )
@@ -43,4 +44,26 @@ func TestResolveHostFamily(t *testing.T) {
 	assert.ErrorContains(t, err, "not an ip4 address")
 	_, err = ResolveHost(t.Context(), "x", Options{Network: "tcp"})
 	assert.ErrorContains(t, err, "want ip, ip4 or ip6")
+}
+
+// The kernel CM takes the device registered first: a table ordered by the
+// kernel's indexes finds that one, whatever the names.
+func TestFindPortTakesTheDeviceRegisteredFirst(t *testing.T) {
+	table := &Table{Ports: []Port{
+		{Device: "aaa0", Port: 1, Transport: verbs.TransportIWARP, LinkLayer: verbs.LinkLayerEthernet,
+			GIDs: []verbs.GIDEntry{{Index: 0, GID: verbs.GID{0x52, 0x54, 0, 0x12, 0x34, 0x56}}}},
+		{Device: "rxe0", Port: 1, Transport: verbs.TransportIB, LinkLayer: verbs.LinkLayerEthernet,
+			GIDs: []verbs.GIDEntry{{Index: 0, Netdev: "eth0"}}},
+	}}
+	mac := net.HardwareAddr{0x52, 0x54, 0, 0x12, 0x34, 0x56}
+	p, _ := findPort(table, "eth0", mac)
+	assert.Equal(t, "aaa0", p.Device, "unordered: the first listed")
+	table.orderBy(map[string]int{"rxe0": 1, "aaa0": 3})
+	assert.True(t, table.Ordered)
+	p, others := findPort(table, "eth0", mac)
+	assert.Equal(t, "rxe0", p.Device, "registered first")
+	assert.Equal(t, 1, p.DeviceIndex)
+	require.Len(t, others, 1)
+	assert.Equal(t, "aaa0", others[0].Device)
+	assert.Equal(t, 3, others[0].DeviceIndex)
 }

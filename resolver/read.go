@@ -13,12 +13,19 @@ import (
 // without cgo. Through verbs, netdev names are looked up in the caller's
 // network namespace; entries of netdevs in other namespaces keep an empty
 // name.
+//
+// The ports come in the order the devices registered, which the kernel CM
+// searches in (Table.Ordered), when the kernel's RDMA netlink says it.
 func ReadTable() (*Table, error) {
 	t, err := readVerbs()
 	if errors.Is(err, verbs.ErrNoCgo) {
-		return ReadSysfs(os.DirFS(SysfsRoot))
+		t, err = ReadSysfs(os.DirFS(SysfsRoot))
 	}
-	return t, err
+	if err != nil {
+		return nil, err
+	}
+	orderByRegistration(t)
+	return t, nil
 }
 
 // readVerbs reads the GID tables with ibv_query_gid_table.

@@ -4,10 +4,12 @@ package resolver_test
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
 	"os"
 	"os/exec"
 	"slices"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -22,7 +24,15 @@ import (
 	"github.com/rdmago/rdmago/verbs"
 )
 
+// cmDeviceEnv has the test binary, run again as a child, print the device
+// the kernel CM binds an id to when it resolves the address in it (source
+// and destination alike), and exit: see kernelCMDevice.
+const cmDeviceEnv = "RESOLVER_TEST_KERNEL_CM_DEVICE"
+
 func TestMain(m *testing.M) {
+	if a := os.Getenv(cmDeviceEnv); a != "" {
+		os.Exit(printKernelCMDevice(a))
+	}
 	if _, err := testbed.Load(); err == nil {
 		// librdmacm opens every device at its first use and keeps them:
 		// before the first leak check.
@@ -273,6 +283,74 @@ func TestResolveIWARPSourceOffTheEgressAgreesWithKernelCM(t *testing.T) {
 	t.Cleanup(func() { exec.Command("ip", "route", "del", "10.89.0.0/24").Run() })
 	_, err = resolver.Resolve(context.Background(), netip.MustParseAddr("10.89.0.5"), resolver.Options{})
 	assert.ErrorIs(t, err, resolver.ErrNoGIDForSource, "RoCE: the source's GID is not on the egress netdev")
+}
+
+func printKernelCMDevice(addr string) int {
+	a := netip.MustParseAddr(addr)
+	id, err := rdmacm.NewID(rdmacm.PortSpaceTCP)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer id.Close()
+	if err := id.ResolveAddr(a, netip.AddrPortFrom(a, 7950), 2*time.Second); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ev, err := id.Event(ctx)
+	if err != nil || ev.Type != rdmacm.EventAddrResolved {
+		fmt.Fprintln(os.Stderr, "resolve addr:", ev, err)
+		return 1
+	}
+	fmt.Println(id.DeviceName())
+	return 0
+}
+
+// kernelCMDevice is the device the kernel CM binds to for addr, asked in a
+// process of its own: librdmacm keeps a context on every device it opened
+// until the process exits, and a device cannot be deleted before.
+func kernelCMDevice(t *testing.T, addr string) string {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), cmDeviceEnv+"="+addr)
+	out, err := cmd.Output()
+	var stderr []byte
+	if ee, ok := err.(*exec.ExitError); ok {
+		stderr = ee.Stderr
+	}
+	require.NoError(t, err, "asking the kernel CM: %s", stderr)
+	return strings.TrimSpace(string(out))
+}
+
+// Two RDMA devices on one netdev (rxe and siw both take any Ethernet
+// netdev): the kernel CM binds to the one registered first, whatever the
+// names, and so must the resolver. A siw device whose name sorts before
+// rxe0's, added after it, shows whether the name decides.
+func TestResolveTwoDevicesOnOneNetdevAgreesWithKernelCM(t *testing.T) {
+	rxe := testbed.Require(t).MustDevice(t, "rxe0")
+	run(t, "rdma", "link", "add", "aaa0", "type", "siw", "netdev", rxe.Netdev)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		out, err := exec.CommandContext(ctx, "rdma", "link", "delete", "aaa0").CombinedOutput()
+		assert.NoError(t, err, "rdma link delete aaa0: %s", out)
+	})
+	testbed.WaitPortActive(t, "aaa0")
+
+	for _, addr := range []string{rxe.IPv4, rxe.IPv6} {
+		kernel := kernelCMDevice(t, addr)
+		a := netip.MustParseAddr(addr)
+		p, err := resolver.Resolve(context.Background(), a, resolver.Options{Source: a})
+		require.NoError(t, err)
+		assert.Equal(t, kernel, p.Device, "resolver vs kernel CM for %s:\n%s", addr, p.Explain())
+		other := "aaa0"
+		if kernel == "aaa0" {
+			other = rxe.Name
+		}
+		assert.Contains(t, p.Explain(), other+" port 1 also serves "+rxe.Netdev)
+	}
 }
 
 func ctxFor(t *testing.T, d time.Duration) context.Context {

@@ -200,7 +200,13 @@ func resolve(ctx context.Context, dst netip.Addr, opts Options) (*Path, error) {
 	p.ActiveMTU = port.ActiveMTU
 	p.note("RDMA device %v (%v) serves %s", port, p.Kind, gidNetdev)
 	for _, o := range others {
-		p.note("note: %v also serves %s; the kernel CM takes the device registered first", o, gidNetdev)
+		if table.Ordered {
+			p.note("note: %v also serves %s; the kernel CM takes the device registered first, %s (index %d, %s's %d)",
+				o, gidNetdev, port.Device, port.DeviceIndex, o.Device, o.DeviceIndex)
+		} else {
+			p.note("note: %v also serves %s; the kernel CM takes the device registered first, which this table "+
+				"does not tell (Table.Ordered is false): the first listed was taken", o, gidNetdev)
+		}
 	}
 
 	// MTU.

@@ -14,11 +14,15 @@ import (
 
 // Port is one RDMA port and its GID table.
 type Port struct {
-	Device    string
-	Port      int
-	Transport verbs.Transport
-	LinkLayer verbs.LinkLayer
-	State     verbs.PortState
+	Device string
+	// DeviceIndex is the kernel's index of the device (as `rdma dev`
+	// lists it): devices are numbered as they register, and the kernel CM
+	// takes the first that serves a netdev. 0 when not known.
+	DeviceIndex int
+	Port        int
+	Transport   verbs.Transport
+	LinkLayer   verbs.LinkLayer
+	State       verbs.PortState
 	// ActiveMTU is the port's active MTU when read through verbs; 0 from
 	// sysfs (which does not publish it).
 	ActiveMTU verbs.MTU
@@ -32,9 +36,34 @@ func (p *Port) String() string { return fmt.Sprintf("%s port %d", p.Device, p.Po
 
 // Table is every RDMA port of a host with its GID table.
 type Table struct {
+	// Ports in the order the kernel CM searches them (ReadTable: by
+	// DeviceIndex, when Ordered), else by device name.
 	Ports []Port
 	// Source says where the table came from ("verbs" or "sysfs").
 	Source string
+	// Ordered: the ports are in the order the devices registered.
+	Ordered bool
+}
+
+// orderBy numbers every port's device from index (the kernel's device
+// indexes by name) and sorts the ports by it, then by port. The kernel
+// numbers devices as they register, and its CM searches them in that
+// order, taking the first that serves the source's netdev; the names say
+// nothing of it (a siw device added after rxe0 may sort before it).
+func (t *Table) orderBy(index map[string]int) {
+	for i := range t.Ports {
+		if n, ok := index[t.Ports[i].Device]; ok {
+			t.Ports[i].DeviceIndex = n
+		}
+	}
+	sort.SliceStable(t.Ports, func(i, j int) bool {
+		a, b := &t.Ports[i], &t.Ports[j]
+		if a.DeviceIndex != b.DeviceIndex {
+			return a.DeviceIndex < b.DeviceIndex
+		}
+		return a.Port < b.Port
+	})
+	t.Ordered = true
 }
 
 // SysfsRoot is where the kernel publishes RDMA devices.

@@ -1,0 +1,5 @@
+//go:build !linux
+
+package resolver
+
+func orderByRegistration(*Table) {}
