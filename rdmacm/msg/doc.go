@@ -85,7 +85,10 @@
 // reply slot) ends the connection: the error matches ErrProtocol and says
 // what the peer sent. A peer that goes away ends it too, and the calls
 // waiting and the next ones fail with an error that matches rdmacm.ErrEnded
-// (or ErrTransport, when a transfer failed first). Either way, Recv first
+// (or ErrTransport, when a transfer failed first). A post or receive the
+// device refused or flushed because the QP was torn down is not such a
+// failure: the end that follows is awaited, up to CloseTimeout, and
+// reported instead. Either way, Recv first
 // returns the messages that had arrived before the end. A peer that vanishes
 // without its kernel disconnecting (a host that dies, a cut link) is
 // noticed, by default, only when a send fails, after the QP's retries (on
