@@ -79,14 +79,14 @@ unit: lint mingo
 	@# Budgets in executions, not seconds: go1.26's fuzz coordinator can fail a
 	@# duration-bounded run with "context deadline exceeded" at the deadline
 	@# (go.dev/issue/75804, fixed in go1.27); a count has no deadline to race.
-	go test -run '^$$' -fuzz '^FuzzValidate$$' -fuzztime 200000x ./verbs
-	go test -run '^$$' -fuzz '^FuzzTimerEncoders$$' -fuzztime 200000x ./verbs
-	go test -run '^$$' -fuzz '^FuzzDecodePrivateData$$' -fuzztime 200000x ./rdmacm
-	go test -run '^$$' -fuzz '^FuzzReceivedPrivateData$$' -fuzztime 200000x ./rdmacm
-	go test -run '^$$' -fuzz '^FuzzParseRemoteBuffer$$' -fuzztime 200000x ./rdmacm
-	go test -run '^$$' -fuzz '^FuzzDecodeFrame$$' -fuzztime 200000x ./rdmacm/msg
-	go test -run '^$$' -fuzz '^FuzzParseHello$$' -fuzztime 200000x ./rdmacm/msg
-	go test -run '^$$' -fuzz '^FuzzPeerLine$$' -fuzztime 200000x ./oob
+	go test -run '^$$' -fuzz '^FuzzValidate$$' -fuzztime 100000x ./verbs
+	go test -run '^$$' -fuzz '^FuzzTimerEncoders$$' -fuzztime 100000x ./verbs
+	go test -run '^$$' -fuzz '^FuzzDecodePrivateData$$' -fuzztime 100000x ./rdmacm
+	go test -run '^$$' -fuzz '^FuzzReceivedPrivateData$$' -fuzztime 100000x ./rdmacm
+	go test -run '^$$' -fuzz '^FuzzParseRemoteBuffer$$' -fuzztime 100000x ./rdmacm
+	go test -run '^$$' -fuzz '^FuzzDecodeFrame$$' -fuzztime 100000x ./rdmacm/msg
+	go test -run '^$$' -fuzz '^FuzzParseHello$$' -fuzztime 100000x ./rdmacm/msg
+	go test -run '^$$' -fuzz '^FuzzPeerLine$$' -fuzztime 100000x ./oob
 
 prepare: $(RDMAVM)
 	@echo "== test bed: guest kernel, siw and initramfs (cached in $(RDMAGO_TESTBED_CACHE))"
