@@ -4,6 +4,7 @@ package msg
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"errors"
 	"io"
@@ -317,12 +318,13 @@ func TestSendWaitingOnAStrandedRequestEndsWithTheConnection(t *testing.T) {
 // resets the QPs of a netdev that went down before rdmacm reports the
 // end): Send and Recv report the end that follows, as they would had it
 // come first. With no end coming, the refusal is the reason, after
-// CloseTimeout, and the peer learns of the end.
+// CloseTimeout, and the peer learns of the end. Close meanwhile neither
+// hangs nor posts.
 //
 // On rxe only: the test moves the QP to RESET by hand, and on siw a post
-// after that move is queued without an error (seen in the test bed, the
-// kernel reporting RESET), so no refusal can be had this way. siw refuses
-// posts after its own teardown: the flap row of TestTwoGuestsFaultMatrix.
+// after that move is queued without an error (seen in the test bed), so no
+// refusal can be had this way. siw refuses posts after its own teardown:
+// the flap row of TestTwoGuestsFaultMatrix.
 func TestRefusedPostReportsTheEndThatFollows(t *testing.T) {
 	t.Run("rxe0", func(t *testing.T) {
 		d := rxe(t)
@@ -377,7 +379,43 @@ func TestRefusedPostReportsTheEndThatFollows(t *testing.T) {
 			assert.Less(t, waited, 5*time.Second)
 			_, rerr := client.Recv(ctx)
 			assert.ErrorIs(t, rerr, ErrTransport, "Recv reports the same reason")
+			// This side ended the connection: the peer learns of it.
+			sctx, scancel := context.WithTimeout(ctx, 10*time.Second)
+			_, serr := server.Recv(sctx)
+			scancel()
+			assert.ErrorIs(t, serr, rdmacm.ErrEnded, "the peer learns of the end")
 			assert.NoError(t, client.Close())
+			assert.NoError(t, server.Close())
+		})
+
+		t.Run("Close while the end is awaited", func(t *testing.T) {
+			client, server := pair(t, d, &Config{MaxMessageSize: 1024, Credits: 8, CloseTimeout: 10 * time.Second}, cfg)
+			ctx := ctxFor(t, 30*time.Second)
+			deliverOne(t, ctx, client, server)
+			reset(t, client)
+			sendDone := make(chan error, 1)
+			go func() { sendDone <- client.Send(ctx, []byte("refused")) }()
+			select {
+			case err := <-sendDone:
+				t.Fatalf("Send returned before the end came or Close began: %v", err)
+			case <-time.After(300 * time.Millisecond):
+			}
+			begin := time.Now()
+			closed := make(chan error, 1)
+			go func() { closed <- client.Close() }()
+			select {
+			case err := <-sendDone:
+				assert.ErrorIs(t, err, ErrClosed, "the waiting Send learns of this side's Close")
+			case <-time.After(5 * time.Second):
+				t.Fatal("the refused Send still waits 5 s after Close began")
+			}
+			select {
+			case err := <-closed:
+				assert.NoError(t, err)
+				t.Logf("Close took %v", time.Since(begin).Round(time.Millisecond))
+			case <-time.After(30 * time.Second):
+				t.Fatal("Close still runs 30 s later")
+			}
 			assert.NoError(t, server.Close())
 		})
 	})

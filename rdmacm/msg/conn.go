@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/rdmago/rdmago/internal/cmbridge"
@@ -240,6 +241,8 @@ type Conn struct {
 	rxDone       bool
 	flushPending bool
 	refused      error
+	// housekeepWake ends housekeep's wait for send completions.
+	housekeepWake context.CancelFunc
 	// recvSeen: Recv has taken receive completions itself; from then on
 	// the connection's goroutine takes them only for a Send waiting for
 	// credit. loopOnCQ: the goroutine is waiting on the
@@ -441,6 +444,13 @@ func (c *Conn) sendFrame(ctx context.Context, op string, t frameType, p []byte, 
 			c.mu.Unlock()
 			return c.opError(op, err)
 		}
+		if c.refused != nil {
+			// A post was refused: the connection is ending. Nothing more
+			// is posted; the end (or the refusal) is the answer.
+			err := c.settledErrLocked(ctx)
+			c.mu.Unlock()
+			return c.opError(op, err)
+		}
 		// A FIN goes after the messages whose Send took a credit before it
 		// (copying), and before those that come after it (finWaits).
 		var ready bool
@@ -483,6 +493,12 @@ func (c *Conn) sendFrame(ctx context.Context, op string, t frameType, p []byte, 
 				}
 			}
 			c.flushLocked(true)
+			if c.refused != nil { // the reposts were refused: the connection is ending
+				c.freeSend = append(c.freeSend, slot)
+				err := c.settledErrLocked(ctx)
+				c.mu.Unlock()
+				return c.opError(op, err)
+			}
 			h := c.led.header(t)
 			h.length = uint32(len(p))
 			// A post that leaves no buffer free, or is made while a Send
@@ -499,7 +515,7 @@ func (c *Conn) sendFrame(ctx context.Context, op string, t frameType, p []byte, 
 				c.helloSent = true
 			}
 			if err != nil && c.refused != nil {
-				err = c.settledErrLocked()
+				err = c.settledErrLocked(ctx)
 			}
 			c.mu.Unlock()
 			if err != nil {
@@ -681,43 +697,71 @@ func (c *Conn) grantedLocked() {
 // refusedLocked records a post the device refused. Posts are refused once
 // the QP has left RTS, and a teardown does that just before rdmacm reports
 // the end: the peer's disconnect moves it to ERR, and siw resets the QPs of
-// a netdev that went down. So, with the QP out of RTS, the goroutine waits
-// for the end (flushedByEnd), and the calls report that end, as they do
-// when it comes first; only if it does not come within CloseTimeout is the
-// refusal the reason. A refusal in RTS is a failure at once.
+// a netdev that went down. So the goroutine waits for the end
+// (flushedByEnd), and the calls report that end, as they do when it comes
+// first; only if it does not come within CloseTimeout is the refusal the
+// reason. A full queue (ENOMEM) is no teardown and fails at once. The
+// error decides, not the QP's state: siw (Linux 6.1) leaves the state out
+// of its query.
 func (c *Conn) refusedLocked(err error) {
 	if c.failed != nil || c.refused != nil {
 		return
 	}
-	if c.qp.State() == verbs.QPStateRTS {
+	if errors.Is(err, syscall.ENOMEM) {
 		c.failLocked(err)
 		return
 	}
 	c.refused, c.flushPending = err, true
 	c.broadcastLocked()
 	c.wakeLocked()
+	c.wakeHousekeepLocked()
+}
+
+// wakeHousekeepLocked ends the goroutine's wait for send completions in
+// housekeep: after a failure or a refusal none may come (a QP reset by
+// siw flushes nothing), and the goroutine has the end to see to.
+func (c *Conn) wakeHousekeepLocked() {
+	if c.housekeepWake != nil {
+		c.housekeepWake()
+	}
 }
 
 // settledErrLocked waits, after a post was refused, until the goroutine
 // knows why, and returns the reason: the connection's end, or the
-// refusal. It is called and returns with mu held; the wait is bounded by
-// CloseTimeout (flushedByEnd).
-func (c *Conn) settledErrLocked() error {
-	for c.flushPending && c.failed == nil && c.rc.Err() == nil && !c.closed {
+// refusal. The goroutine settles it within CloseTimeout (flushedByEnd);
+// the wait ends sooner with ctx (nil: none) or this side's Close, and then
+// the refusal, or ErrClosed, is the answer. It is called and returns with
+// mu held.
+func (c *Conn) settledErrLocked(ctx context.Context) error {
+	var done <-chan struct{}
+	if ctx != nil {
+		done = ctx.Done()
+	}
+	limit := time.NewTimer(c.closeTimeout + time.Second)
+	defer limit.Stop()
+	for c.flushPending && c.failed == nil && c.rc.Err() == nil && !c.closing && !c.closed {
 		ch := c.changedLocked()
 		c.mu.Unlock()
+		timedOut := false
 		select {
 		case <-ch:
 		case <-c.rc.Done():
+		case <-done:
+			timedOut = true
+		case <-limit.C:
+			timedOut = true
 		}
 		c.mu.Lock()
+		if timedOut {
+			break
+		}
 	}
 	switch {
 	case c.failed != nil:
 		return c.failed
 	case c.rc.Err() != nil:
 		return c.rc.Err()
-	case c.closed:
+	case c.closing, c.closed:
 		return ErrClosed
 	}
 	return c.refused
@@ -732,6 +776,7 @@ func (c *Conn) failLocked(err error) {
 		c.failed = err
 		c.broadcastLocked()
 		c.wakeLocked()
+		c.wakeHousekeepLocked()
 	}
 }
 
@@ -1189,7 +1234,7 @@ func (c *Conn) loop() {
 		if err != nil {
 			c.failLocked(&kindError{ErrTransport, err}) // if nothing said why yet
 		}
-		failed, flush, refused := c.failed != nil, c.flushPending, c.refused
+		failed, flush := c.failed != nil, c.flushPending
 		c.mu.Unlock()
 		if failed {
 			// Here, or elsewhere (a send, a release, a keepalive probe,
@@ -1200,6 +1245,9 @@ func (c *Conn) loop() {
 		}
 		if flush {
 			if !c.flushedByEnd() {
+				c.mu.Lock()
+				refused := c.refused // it may have come during the wait
+				c.mu.Unlock()
 				if refused == nil {
 					refused = errFlushed
 				}
@@ -1374,7 +1422,7 @@ func (c *Conn) handleLocked(wc verbs.WorkCompletion) error {
 func (c *Conn) housekeep() error {
 	c.mu.Lock()
 	for {
-		if c.closed || c.failed != nil || c.rc.Err() != nil {
+		if c.closed || c.failed != nil || c.refused != nil || c.rc.Err() != nil {
 			c.mu.Unlock()
 			return nil
 		}
@@ -1390,11 +1438,20 @@ func (c *Conn) housekeep() error {
 			}
 			return nil
 		}
+		// A failure or a refusal elsewhere ends this wait
+		// (wakeHousekeepLocked).
+		wctx, cancel := context.WithCancel(c.loopCtx)
+		c.housekeepWake = cancel
 		c.mu.Unlock()
 		c.scqMu.Lock()
-		err := c.reapWait(c.loopCtx)
+		err := c.reapWait(wctx)
 		c.scqMu.Unlock()
-		if err != nil && (c.loopCtx.Err() != nil || c.rxEnd.Err() == nil) {
+		c.mu.Lock()
+		c.housekeepWake = nil
+		c.mu.Unlock()
+		woken := wctx.Err() != nil && c.loopCtx.Err() == nil
+		cancel()
+		if err != nil && !woken && (c.loopCtx.Err() != nil || c.rxEnd.Err() == nil) {
 			return err
 		}
 		// Reaped, or the connection ended or failed (which the check above
@@ -1425,7 +1482,7 @@ func (c *Conn) Close() error {
 		c.broadcastLocked()
 		// No FIN before the dialer's HELLO: the peer would take it for a
 		// broken protocol.
-		fin := c.helloSent && !c.finSent && c.failed == nil && c.rc.Err() == nil
+		fin := c.helloSent && !c.finSent && c.failed == nil && c.refused == nil && c.rc.Err() == nil
 		c.mu.Unlock()
 		c.closingCancel() // a Send waiting for credit on the receive CQ
 		if fin {
@@ -1520,7 +1577,7 @@ func (c *Conn) drain(ctx context.Context) {
 	for ctx.Err() == nil {
 		c.mu.Lock()
 		busy := c.inSQ > 0 || len(c.freeCtl) < replySlots
-		dead := c.failed != nil || c.rc.Err() != nil
+		dead := c.failed != nil || c.refused != nil || c.rc.Err() != nil
 		if !busy || dead {
 			c.mu.Unlock()
 			return

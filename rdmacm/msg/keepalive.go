@@ -136,8 +136,13 @@ func (c *Conn) keepaliveTick() {
 			if c.rc.Err() == nil {
 				c.refusedLocked(&kindError{ErrTransport, fmt.Errorf("post a keepalive probe: %w", err)})
 			}
-			// The connection's goroutine ends it, once it knows why.
+			failed := c.failed != nil
 			c.mu.Unlock()
+			if failed {
+				c.disconnect()
+			}
+			// Otherwise the goroutine waits for the end the refusal
+			// foretells, and ends the connection if it does not come.
 			return
 		}
 		ka.probeOut, ka.probeAt = true, now
