@@ -302,3 +302,24 @@ func TestHelpersAgainstClose(t *testing.T) {
 		}
 	})
 }
+
+// A disconnect reaches the peer whatever state the QP is in. librdmacm's
+// rdma_disconnect first moves the QP (to ERR on RoCE, SQD on iWARP) and
+// gives up, the CM's disconnect unsent, when that move is refused: a QP in
+// RESET cannot go to ERR. The peer then learned of the end only at this
+// side's Close (or by its own timeouts).
+func TestDisconnectReachesThePeerFromAResetQP(t *testing.T) {
+	forEachDevice(t, func(t *testing.T, d device) {
+		client, server := pair(t, d, rdmacm.ConnConfig{})
+		require.NoError(t, client.QP().Modify(&verbs.QPAttr{State: verbs.QPStateReset}, verbs.AttrState))
+		require.NoError(t, client.Disconnect(ctxFor(t, 10*time.Second)), "the disconnect is sent without the QP's move")
+		select {
+		case <-server.Done():
+			assert.ErrorIs(t, server.Err(), rdmacm.ErrDisconnected)
+		case <-time.After(10 * time.Second):
+			t.Fatal("the peer has not learned of the disconnect 10 s later")
+		}
+		require.NoError(t, client.Close())
+		require.NoError(t, server.Close())
+	})
+}

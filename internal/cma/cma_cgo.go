@@ -114,6 +114,19 @@ static int rdmago_destroy_id(uintptr_t id) {
 static int rdmago_resolve_route(uintptr_t id, int ms) { return rdma_resolve_route((struct rdma_cm_id *)id, ms); }
 static int rdmago_disconnect(uintptr_t id) { return rdma_disconnect((struct rdma_cm_id *)id); }
 
+// rdmago_disconnect_cm is rdma_disconnect without its move of the QP,
+// which comes first and, refused, stops it before the CM's disconnect: a
+// QP in RESET cannot go to ERR. librdmacm reads id->qp only for that move
+// here; the caller holds the id's qpMu, and the QP stays as it is.
+static int rdmago_disconnect_cm(uintptr_t p) {
+	struct rdma_cm_id *id = (struct rdma_cm_id *)p;
+	struct ibv_qp *qp = id->qp;
+	id->qp = NULL;
+	int ret = rdma_disconnect(id);
+	id->qp = qp;
+	return ret;
+}
+
 static void rdmago_set_token(struct rdma_cm_id *id, uint64_t token) { id->context = (void *)(uintptr_t)token; }
 
 static void rdmago_sockaddr(struct sockaddr_storage *ss, int v6, const uint8_t *ip, uint16_t port, uint32_t scope) {
@@ -541,13 +554,21 @@ func (i *ID) Reject(data []byte) error {
 
 // Disconnect is rdma_disconnect; it moves the id's QP to the error state
 // (InfiniBand, RoCE) or SQD (iWARP), under qpMu.
+//
+// When librdmacm's move of the QP (to ERR on InfiniBand and RoCE, SQD on
+// iWARP) is refused, as from RESET, the disconnect is sent without it: the
+// peer must learn of the end whatever state the QP is in.
 func (i *ID) Disconnect() error {
 	i.qpMu.Lock()
 	defer i.qpMu.Unlock()
-	if rc, err := C.rdmago_disconnect(i.addr()); rc != 0 {
-		return errnoOf(err)
+	rc, err := C.rdmago_disconnect(i.addr())
+	if rc == 0 {
+		return nil
 	}
-	return nil
+	if rc, _ := C.rdmago_disconnect_cm(i.addr()); rc == 0 {
+		return nil
+	}
+	return errnoOf(err)
 }
 
 // Establish is rdma_establish (for an id without a QP of librdmacm's: it
