@@ -66,4 +66,11 @@ func TestFindPortTakesTheDeviceRegisteredFirst(t *testing.T) {
 	require.Len(t, others, 1)
 	assert.Equal(t, "aaa0", others[0].Device)
 	assert.Equal(t, 3, others[0].DeviceIndex)
+
+	// A device the kernel's list lacks (renamed since) goes last, and the
+	// table does not claim the kernel's order.
+	table.orderBy(map[string]int{"aaa0": 0})
+	assert.False(t, table.Ordered)
+	assert.Equal(t, "aaa0", table.Ports[0].Device)
+	assert.Equal(t, -1, table.Ports[1].DeviceIndex)
 }

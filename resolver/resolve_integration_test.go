@@ -313,7 +313,7 @@ func printKernelCMDevice(addr string) int {
 // until the process exits, and a device cannot be deleted before.
 func kernelCMDevice(t *testing.T, addr string) string {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd := exec.CommandContext(ctxFor(t, time.Minute), os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), cmDeviceEnv+"="+addr)
 	out, err := cmd.Output()
 	var stderr []byte
@@ -327,7 +327,9 @@ func kernelCMDevice(t *testing.T, addr string) string {
 // Two RDMA devices on one netdev (rxe and siw both take any Ethernet
 // netdev): the kernel CM binds to the one registered first, whatever the
 // names, and so must the resolver. A siw device whose name sorts before
-// rxe0's, added after it, shows whether the name decides.
+// rxe0's, added after it, shows whether the name decides. This process
+// must not open aaa0 through librdmacm (the kernel CM's view is asked in a
+// child): the device's deletion would wait for the process to exit.
 func TestResolveTwoDevicesOnOneNetdevAgreesWithKernelCM(t *testing.T) {
 	rxe := testbed.Require(t).MustDevice(t, "rxe0")
 	run(t, "rdma", "link", "add", "aaa0", "type", "siw", "netdev", rxe.Netdev)

@@ -17,7 +17,8 @@ type Port struct {
 	Device string
 	// DeviceIndex is the kernel's index of the device (as `rdma dev`
 	// lists it): devices are numbered as they register, and the kernel CM
-	// takes the first that serves a netdev. 0 when not known.
+	// takes the first that serves a netdev. -1 when not known; meaningful
+	// in an Ordered table.
 	DeviceIndex int
 	Port        int
 	Transport   verbs.Transport
@@ -36,12 +37,13 @@ func (p *Port) String() string { return fmt.Sprintf("%s port %d", p.Device, p.Po
 
 // Table is every RDMA port of a host with its GID table.
 type Table struct {
-	// Ports in the order the kernel CM searches them (ReadTable: by
-	// DeviceIndex, when Ordered), else by device name.
+	// Ports in the order the kernel CM searches them when Ordered (by
+	// DeviceIndex), else as read (ReadSysfs: by device name) or given.
 	Ports []Port
 	// Source says where the table came from ("verbs" or "sysfs").
 	Source string
-	// Ordered: the ports are in the order the devices registered.
+	// Ordered: the ports are in the order the devices registered, every
+	// device's index known.
 	Ordered bool
 }
 
@@ -49,21 +51,33 @@ type Table struct {
 // indexes by name) and sorts the ports by it, then by port. The kernel
 // numbers devices as they register, and its CM searches them in that
 // order, taking the first that serves the source's netdev; the names say
-// nothing of it (a siw device added after rxe0 may sort before it).
+// nothing of it (a siw device added after rxe0 may sort before it). A
+// device missing from index (renamed or added since the table was read)
+// gets -1 and goes last, and the table is not Ordered. (One known miss: a
+// device moved to another network namespace and back keeps its index but
+// rejoins the CM's list at its end.)
 func (t *Table) orderBy(index map[string]int) {
+	t.Ordered = true
 	for i := range t.Ports {
-		if n, ok := index[t.Ports[i].Device]; ok {
-			t.Ports[i].DeviceIndex = n
+		n, ok := index[t.Ports[i].Device]
+		if !ok {
+			n, t.Ordered = -1, false
 		}
+		t.Ports[i].DeviceIndex = n
+	}
+	key := func(p *Port) int {
+		if p.DeviceIndex < 0 {
+			return int(^uint(0) >> 1)
+		}
+		return p.DeviceIndex
 	}
 	sort.SliceStable(t.Ports, func(i, j int) bool {
 		a, b := &t.Ports[i], &t.Ports[j]
-		if a.DeviceIndex != b.DeviceIndex {
-			return a.DeviceIndex < b.DeviceIndex
+		if key(a) != key(b) {
+			return key(a) < key(b)
 		}
 		return a.Port < b.Port
 	})
-	t.Ordered = true
 }
 
 // SysfsRoot is where the kernel publishes RDMA devices.
