@@ -53,17 +53,19 @@ func TestSessionSharesOneGuest(t *testing.T) {
 	dir := t.TempDir()
 	rdmavm := buildRdmavm(t, dir)
 	writeScript(t, dir, "id.sh", "echo boot $(cat /proc/sys/kernel/random/boot_id)\nexit $1\n")
-	// Passes, and crashes the guest's kernel a moment later.
-	writeScript(t, dir, "crash.sh", "setsid sh -c 'sleep 1; echo c > /proc/sysrq-trigger' >/dev/null 2>&1 &\n")
+	// Passes, and crashes the guest's kernel a moment later: after the
+	// session has judged the guest (its state check takes about a second
+	// when the host is busy), before the next exec.
+	writeScript(t, dir, "crash.sh", "setsid sh -c 'sleep 2; echo c > /proc/sysrq-trigger' >/dev/null 2>&1 &\n")
 	writeScript(t, dir, "warn.sh", warnScript)
-	writeScript(t, dir, "change.sh", "ip addr add 10.99.0.1/24 dev lo\n")
+	writeScript(t, dir, "change.sh", "ip addr add 10.99.0.1/24 dev lo && ip -n siw-a route add 10.98.0.0/24 dev veth-siwa\n")
 	var stdout, stderr bytes.Buffer
 	// The programs go where the session's guest sees the host's files as
 	// they are (GOTMPDIR, which the session sets): from elsewhere, exec
 	// boots a guest of its own.
 	cmd := exec.Command(rdmavm, "session", "sh", "-c",
 		`cp "$1"/*.sh "$GOTMPDIR" && cd "$GOTMPDIR" || exit 8; `+
-			`"$0" exec ./id.sh 0 || exit 9; "$0" exec ./id.sh 0 || exit 9; "$0" exec ./crash.sh || exit 9; sleep 5; `+
+			`"$0" exec ./id.sh 0 || exit 9; "$0" exec ./id.sh 0 || exit 9; "$0" exec ./crash.sh || exit 9; sleep 6; `+
 			`"$0" exec ./id.sh 3; echo id=$?; "$0" exec ./warn.sh; echo warn=$?; "$0" exec ./change.sh; echo change=$?; `+
 			`"$0" exec "$1"/id.sh 0; exit 4`,
 		rdmavm, dir)
@@ -112,12 +114,15 @@ func TestSessionSharesOneGuest(t *testing.T) {
 	if !regexp.MustCompile(`(?m)^\+ lo .*10\.99\.0\.1/24`).MatchString(stderr.String()) {
 		t.Errorf("want change.sh's address in its report:\n%s", &stderr)
 	}
+	if !regexp.MustCompile(`(?m)^\+ siw-a: 10\.98\.0\.0/24 dev veth-siwa`).MatchString(stderr.String()) {
+		t.Errorf("want change.sh's route, in namespace siw-a, in its report:\n%s", &stderr)
+	}
 
 	// A guest that dies after the last exec passed fails the session.
 	stdout.Reset()
 	stderr.Reset()
 	cmd = exec.Command(rdmavm, "session", "sh", "-c",
-		`cp "$1"/crash.sh "$GOTMPDIR" && cd "$GOTMPDIR" || exit 8; "$0" exec ./crash.sh || exit 9; sleep 5`,
+		`cp "$1"/crash.sh "$GOTMPDIR" && cd "$GOTMPDIR" || exit 8; "$0" exec ./crash.sh || exit 9; sleep 6`,
 		rdmavm, dir)
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err = cmd.Run()

@@ -19,7 +19,7 @@
 // find the session in their environment and run in its guest, one at a
 // time, each a process of its own as before and judged only by what the
 // guest's kernel reported since the one before. One that leaves the guest's
-// links, addresses or RDMA devices changed fails, and after a failure the
+// links, addresses, routes or RDMA devices changed fails, and after a failure the
 // next gets a new guest. A crash or kernel report after a command passed
 // fails the next one, or the session after its last. make test runs its
 // single-guest packages that way:

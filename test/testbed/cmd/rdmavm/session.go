@@ -129,7 +129,7 @@ type session struct {
 	// why the guest died after the last command passed, or "": the next
 	// command fails for it, as for a kernel report between two commands.
 	diedBetween string
-	state       string // the guest's links and addresses, as booted
+	state       string // the guest's links, addresses and routes, as booted
 	conns       sync.WaitGroup
 }
 
@@ -210,7 +210,7 @@ func (s *session) handle(c net.Conn) {
 		// Blame the command that changed the guest, not the next one
 		// that trips over it.
 		fmt.Fprintf(stderr, "rdmavm: %s left the session's guest changed (a test must undo what it changes in "+
-			"a guest that later packages share); its links and addresses, - as booted, + now:\n%s", prog, changed)
+			"a guest that later packages share); its links, addresses and routes, - as booted, + now:\n%s", prog, changed)
 		code, s.replace = max(code, 1), "changed by "+prog
 	case code != 0 || ctx.Err() != nil:
 		// A failed or killed test may have skipped its cleanups, and left
@@ -271,16 +271,44 @@ func (s *session) boot(ctx context.Context) error {
 	return nil
 }
 
-// guestState lists the guest's netdevs with their addresses and state, in
-// every namespace, and its RDMA links.
+// guestState lists the guest's netdevs with their addresses and state,
+// and its routes (every table, both families), in every namespace; its
+// RDMA links; and the one network setting a test changes
+// (ip_local_port_range). Neighbours are left out: they come and go by
+// themselves.
 func guestState(ctx context.Context, g *testbed.Guest) (string, error) {
-	script := "ip -br addr show; for ns in $(ip netns list | cut -d' ' -f1); do echo \"netns $ns:\"; " +
-		"ip -n \"$ns\" -br addr show; done; rdma link show"
+	// One ip per namespace (route show table all, with no family, lists
+	// both): every process costs time under emulation.
+	script := "show() { printf 'addr show\\nroute show table all\\n' | ip $1 -br -batch -; }; show; " +
+		"for ns in $(ip netns list | cut -d' ' -f1); do echo \"netns $ns:\"; show \"-n $ns\"; done; rdma link show; " +
+		"echo \"ip_local_port_range $(cat /proc/sys/net/ipv4/ip_local_port_range)\""
 	out, err := g.Command(ctx, "/bin/sh", "-c", script).CombinedOutput()
 	if err != nil {
 		return "", fmt.Errorf("reading the guest's links: %v: %s", err, out)
 	}
-	return string(out), nil
+	return inNamespaces(string(out)), nil
+}
+
+// inNamespaces prefixes each line after a "netns NAME:" header with
+// "NAME: ", so that a line of the diff says where it is, and a route gone
+// from one namespace and added to another is two changes, not none. The
+// RDMA links and the setting after the namespaces are the host's.
+func inNamespaces(state string) string {
+	var b strings.Builder
+	ns := ""
+	for _, l := range strings.SplitAfter(state, "\n") {
+		switch {
+		case strings.HasPrefix(l, "netns ") && strings.HasSuffix(strings.TrimSpace(l), ":"):
+			ns = strings.TrimSuffix(strings.TrimPrefix(strings.TrimSpace(l), "netns "), ":") + ": "
+		case strings.HasPrefix(l, "link ") || strings.HasPrefix(l, "ip_local_port_range "):
+			ns = "" // rdma link show, then the setting: after every namespace
+		}
+		if ns != "" && !strings.HasPrefix(l, "netns ") && l != "" {
+			l = ns + l
+		}
+		b.WriteString(l)
+	}
+	return b.String()
 }
 
 // readAndClearKernelLog returns the guest's kernel log since the last call
