@@ -241,8 +241,6 @@ type Conn struct {
 	rxDone       bool
 	flushPending bool
 	refused      error
-	// housekeepWake ends housekeep's wait for send completions.
-	housekeepWake context.CancelFunc
 	// recvSeen: Recv has taken receive completions itself; from then on
 	// the connection's goroutine takes them only for a Send waiting for
 	// credit. loopOnCQ: the goroutine is waiting on the
@@ -279,6 +277,12 @@ type Conn struct {
 	// waits on the receive CQ and for send completions end with it.
 	rxEnd       context.Context
 	rxEndCancel context.CancelFunc
+	// sqStop ends every wait for send completions (reapWait) when the
+	// connection fails or a post is refused (and with rxEnd): none may come
+	// then (a QP siw reset flushes nothing), and the waiters, the
+	// connection's goroutine among them, have the end to see to.
+	sqStop       context.Context
+	sqStopCancel context.CancelFunc
 	// closingCtx ends when Close begins (and with rxEnd): a Send waiting
 	// for credit on the receive CQ wakes to fail with ErrClosed.
 	closingCtx    context.Context
@@ -339,6 +343,7 @@ func newConn(rc *rdmacm.Conn, o *Config, local, peer hello, pool, probe *verbs.M
 	// Send holds while it waits for completions that the end must cut short.
 	context.AfterFunc(cmbridge.EndContext(rc), c.rxEndCancel)
 	c.closingCtx, c.closingCancel = context.WithCancel(c.rxEnd)
+	c.sqStop, c.sqStopCancel = context.WithCancel(c.rxEnd)
 	go c.loop()
 	c.startKeepalive(o, probe, peer)
 	return c, nil
@@ -714,16 +719,7 @@ func (c *Conn) refusedLocked(err error) {
 	c.refused, c.flushPending = err, true
 	c.broadcastLocked()
 	c.wakeLocked()
-	c.wakeHousekeepLocked()
-}
-
-// wakeHousekeepLocked ends the goroutine's wait for send completions in
-// housekeep: after a failure or a refusal none may come (a QP reset by
-// siw flushes nothing), and the goroutine has the end to see to.
-func (c *Conn) wakeHousekeepLocked() {
-	if c.housekeepWake != nil {
-		c.housekeepWake()
-	}
+	c.sqStopCancel()
 }
 
 // settledErrLocked waits, after a post was refused, until the goroutine
@@ -763,6 +759,8 @@ func (c *Conn) settledErrLocked(ctx context.Context) error {
 		return c.rc.Err()
 	case c.closing, c.closed:
 		return ErrClosed
+	case ctx != nil && ctx.Err() != nil:
+		return errors.Join(ctx.Err(), c.refused) // the caller gave up first
 	}
 	return c.refused
 }
@@ -776,7 +774,7 @@ func (c *Conn) failLocked(err error) {
 		c.failed = err
 		c.broadcastLocked()
 		c.wakeLocked()
-		c.wakeHousekeepLocked()
+		c.sqStopCancel()
 	}
 }
 
@@ -829,7 +827,7 @@ func (c *Conn) reapWait(ctx context.Context) error {
 	// complete (siw takes it onto its send queue and flushes nothing), and
 	// the caller then learns of the end from rc.
 	wctx, cancel := context.WithCancel(ctx)
-	stop := context.AfterFunc(c.rxEnd, cancel)
+	stop := context.AfterFunc(c.sqStop, cancel)
 	var wcs [16]verbs.WorkCompletion
 	n, err := c.scq.PollWait(wctx, wcs[:])
 	stop()
@@ -837,7 +835,7 @@ func (c *Conn) reapWait(ctx context.Context) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if err != nil {
-		if ctx.Err() == nil && c.rxEnd.Err() == nil {
+		if ctx.Err() == nil && c.sqStop.Err() == nil {
 			c.failLocked(&kindError{ErrTransport, fmt.Errorf("wait for send completions: %w", err)})
 		}
 		return err
@@ -1245,6 +1243,9 @@ func (c *Conn) loop() {
 		}
 		if flush {
 			if !c.flushedByEnd() {
+				if c.loopCtx.Err() != nil {
+					return // Close stops the goroutine, and disconnects itself
+				}
 				c.mu.Lock()
 				refused := c.refused // it may have come during the wait
 				c.mu.Unlock()
@@ -1438,24 +1439,16 @@ func (c *Conn) housekeep() error {
 			}
 			return nil
 		}
-		// A failure or a refusal elsewhere ends this wait
-		// (wakeHousekeepLocked).
-		wctx, cancel := context.WithCancel(c.loopCtx)
-		c.housekeepWake = cancel
 		c.mu.Unlock()
 		c.scqMu.Lock()
-		err := c.reapWait(wctx)
+		err := c.reapWait(c.loopCtx)
 		c.scqMu.Unlock()
-		c.mu.Lock()
-		c.housekeepWake = nil
-		c.mu.Unlock()
-		woken := wctx.Err() != nil && c.loopCtx.Err() == nil
-		cancel()
-		if err != nil && !woken && (c.loopCtx.Err() != nil || c.rxEnd.Err() == nil) {
+		if err != nil && (c.loopCtx.Err() != nil || c.sqStop.Err() == nil) {
 			return err
 		}
-		// Reaped, or the connection ended or failed (which the check above
-		// sees: rdmacm sets Err before it ends rxEnd).
+		// Reaped, or the connection ended, failed or had a post refused
+		// (which the check above sees: rdmacm sets Err before it ends
+		// rxEnd, and failed and refused are set before sqStop ends).
 		c.mu.Lock()
 	}
 }
