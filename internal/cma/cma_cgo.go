@@ -114,17 +114,35 @@ static int rdmago_destroy_id(uintptr_t id) {
 static int rdmago_resolve_route(uintptr_t id, int ms) { return rdma_resolve_route((struct rdma_cm_id *)id, ms); }
 static int rdmago_disconnect(uintptr_t id) { return rdma_disconnect((struct rdma_cm_id *)id); }
 
-// rdmago_disconnect_cm is rdma_disconnect without its move of the QP,
-// which comes first and, refused, stops it before the CM's disconnect: a
-// QP in RESET cannot go to ERR. librdmacm reads id->qp only for that move
-// here; the caller holds the id's qpMu, and the QP stays as it is.
-static int rdmago_disconnect_cm(uintptr_t p) {
+// rdmago_shutdown_qp moves the id's QP as rdma_disconnect does before the
+// CM's disconnect (to ERR on InfiniBand and RoCE, SQD on iWARP); 0 or
+// -errno.
+static int rdmago_shutdown_qp(uintptr_t p) {
 	struct rdma_cm_id *id = (struct rdma_cm_id *)p;
-	struct ibv_qp *qp = id->qp;
-	id->qp = NULL;
-	int ret = rdma_disconnect(id);
-	id->qp = qp;
-	return ret;
+	struct ibv_qp_attr attr;
+	if (!id->qp || !id->verbs || !id->verbs->device)
+		return 0;
+	memset(&attr, 0, sizeof(attr));
+	switch (id->verbs->device->transport_type) {
+	case IBV_TRANSPORT_IB:
+		attr.qp_state = IBV_QPS_ERR;
+		break;
+	case IBV_TRANSPORT_IWARP:
+		attr.qp_state = IBV_QPS_SQD;
+		break;
+	default:
+		return 0;
+	}
+	int rc = ibv_modify_qp(id->qp, &attr, IBV_QP_STATE);
+	return rc > 0 ? -rc : rc < 0 ? -(errno ? errno : EIO) : 0;
+}
+
+// rdmago_swap_qp sets the id's QP and returns the one it had.
+static uintptr_t rdmago_swap_qp(uintptr_t p, uintptr_t qp) {
+	struct rdma_cm_id *id = (struct rdma_cm_id *)p;
+	uintptr_t had = (uintptr_t)id->qp;
+	id->qp = (struct ibv_qp *)qp;
+	return had;
 }
 
 static void rdmago_set_token(struct rdma_cm_id *id, uint64_t token) { id->context = (void *)(uintptr_t)token; }
@@ -555,9 +573,13 @@ func (i *ID) Reject(data []byte) error {
 // Disconnect is rdma_disconnect; it moves the id's QP to the error state
 // (InfiniBand, RoCE) or SQD (iWARP), under qpMu.
 //
-// When librdmacm's move of the QP (to ERR on InfiniBand and RoCE, SQD on
-// iWARP) is refused, as from RESET, the disconnect is sent without it: the
-// peer must learn of the end whatever state the QP is in.
+// rdma_disconnect moves the QP first and gives up, the CM's disconnect
+// unsent, when the move is refused (a QP in RESET cannot go to ERR). The
+// peer must learn of the end whatever state the QP is in: when the same
+// move fails again here, the disconnect is sent with the QP detached from
+// the id for the call (librdmacm then moves none; the QP stays as it is on
+// InfiniBand and RoCE, and the kernel's iWARP CM moves it itself). When
+// the move works, the failure was the disconnect's own, and is returned.
 func (i *ID) Disconnect() error {
 	i.qpMu.Lock()
 	defer i.qpMu.Unlock()
@@ -565,7 +587,21 @@ func (i *ID) Disconnect() error {
 	if rc == 0 {
 		return nil
 	}
-	if rc, _ := C.rdmago_disconnect_cm(i.addr()); rc == 0 {
+	if C.rdmago_shutdown_qp(i.addr()) == 0 {
+		return errnoOf(err)
+	}
+	// The event reader reads an id's QP under qps (CONNECT_RESPONSE,
+	// REJECTED, MULTICAST_JOIN); the disconnect itself goes outside, as it
+	// may block on iWARP. An event of this id read meanwhile finds no QP to
+	// move, which the failed move makes moot.
+	i.ch.qps.Lock()
+	qp := C.rdmago_swap_qp(i.addr(), 0)
+	i.ch.qps.Unlock()
+	rc2, _ := C.rdmago_disconnect(i.addr())
+	i.ch.qps.Lock()
+	C.rdmago_swap_qp(i.addr(), qp)
+	i.ch.qps.Unlock()
+	if rc2 == 0 {
 		return nil
 	}
 	return errnoOf(err)
