@@ -369,8 +369,19 @@ func TestRefusedPostReportsTheEndThatFollows(t *testing.T) {
 			ctx := ctxFor(t, 30*time.Second)
 			deliverOne(t, ctx, client, server)
 			reset(t, client)
+			// A Send that gives up first keeps its context's error, and
+			// says the connection is ending.
 			begin := time.Now()
-			err := client.Send(ctx, []byte("refused"))
+			short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+			err := client.Send(short, []byte("refused"))
+			cancel()
+			assert.ErrorIs(t, err, context.DeadlineExceeded)
+			assert.ErrorIs(t, err, ErrTransport)
+			var oe *OpError
+			if assert.ErrorAs(t, err, &oe) {
+				assert.True(t, oe.Timeout(), "a net.Error timeout: %v", err)
+			}
+			err = client.Send(ctx, []byte("refused"))
 			waited := time.Since(begin)
 			require.ErrorIs(t, err, ErrTransport)
 			assert.Contains(t, err.Error(), "post a DATA frame")

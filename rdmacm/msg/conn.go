@@ -760,7 +760,8 @@ func (c *Conn) settledErrLocked(ctx context.Context) error {
 	case c.closing, c.closed:
 		return ErrClosed
 	case ctx != nil && ctx.Err() != nil:
-		return errors.Join(ctx.Err(), c.refused) // the caller gave up first
+		// The caller gave up first; the connection is ending all the same.
+		return fmt.Errorf("%w, while the connection was ending: %w", ctx.Err(), c.refused)
 	}
 	return c.refused
 }
