@@ -335,21 +335,28 @@ func TestRefusedPostReportsTheEndThatFollows(t *testing.T) {
 			// As siw does to the QPs of a netdev that goes down.
 			require.NoError(t, c.qp.Modify(&verbs.QPAttr{State: verbs.QPStateReset}, verbs.AttrState))
 		}
-
-		t.Run("the end follows", func(t *testing.T) {
-			// The end comes once the peer's Close has waited for its FIN
-			// (up to its CloseTimeout): this side waits longer.
-			client, server := pair(t, d, &Config{MaxMessageSize: 1024, Credits: 8, CloseTimeout: 10 * time.Second}, cfg)
-			ctx := ctxFor(t, 30*time.Second)
+		// refusedSendWaits resets the client's QP under a Send and checks
+		// that the Send waits for the end rather than returning the
+		// refusal. The client's CloseTimeout is long: the end, when it
+		// comes, follows the peer's own wait for its FIN.
+		refusedSendWaits := func(t *testing.T, ctx context.Context) (client, server *Conn, sendDone chan error) {
+			t.Helper()
+			client, server = pair(t, d, &Config{MaxMessageSize: 1024, Credits: 8, CloseTimeout: 10 * time.Second}, cfg)
 			deliverOne(t, ctx, client, server)
 			reset(t, client)
-			sendDone := make(chan error, 1)
+			sendDone = make(chan error, 1)
 			go func() { sendDone <- client.Send(ctx, []byte("refused")) }()
 			select {
 			case err := <-sendDone:
-				t.Fatalf("Send returned before the end came: %v", err)
+				t.Fatalf("Send returned before the end came or Close began: %v", err)
 			case <-time.After(300 * time.Millisecond):
 			}
+			return client, server, sendDone
+		}
+
+		t.Run("the end follows", func(t *testing.T) {
+			ctx := ctxFor(t, 30*time.Second)
+			client, server, sendDone := refusedSendWaits(t, ctx)
 			require.NoError(t, server.Close())
 			select {
 			case err := <-sendDone:
@@ -400,17 +407,7 @@ func TestRefusedPostReportsTheEndThatFollows(t *testing.T) {
 		})
 
 		t.Run("Close while the end is awaited", func(t *testing.T) {
-			client, server := pair(t, d, &Config{MaxMessageSize: 1024, Credits: 8, CloseTimeout: 10 * time.Second}, cfg)
-			ctx := ctxFor(t, 30*time.Second)
-			deliverOne(t, ctx, client, server)
-			reset(t, client)
-			sendDone := make(chan error, 1)
-			go func() { sendDone <- client.Send(ctx, []byte("refused")) }()
-			select {
-			case err := <-sendDone:
-				t.Fatalf("Send returned before the end came or Close began: %v", err)
-			case <-time.After(300 * time.Millisecond):
-			}
+			client, server, sendDone := refusedSendWaits(t, ctxFor(t, 30*time.Second))
 			begin := time.Now()
 			closed := make(chan error, 1)
 			go func() { closed <- client.Close() }()
