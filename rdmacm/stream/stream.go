@@ -108,12 +108,12 @@ func (s *Conn) Read(p []byte) (int, error) {
 		if s.closeCtx.Err() != nil {
 			return 0, s.opError("read", net.ErrClosed)
 		}
+		if len(p) == 0 {
+			return 0, nil // before the deadline, as a net.TCPConn's
+		}
 		ctx := s.rd.context()
 		if ctx.Err() != nil && s.rd.expired() {
 			return 0, s.opError("read", os.ErrDeadlineExceeded)
-		}
-		if len(p) == 0 {
-			return 0, nil
 		}
 		if s.cur != nil {
 			b := s.cur.Bytes()
@@ -171,6 +171,15 @@ func (s *Conn) Write(p []byte) (int, error) {
 		switch {
 		case err == nil:
 			n += len(chunk)
+			if testHookSent != nil {
+				testHookSent()
+			}
+			if n == len(p) {
+				// Sent: a deadline or Close that came meanwhile is for
+				// the next call, or a caller would resend what the peer
+				// has.
+				return n, nil
+			}
 			continue
 		case ctx.Err() != nil && !s.wd.expired() && s.closeCtx.Err() == nil:
 			continue
@@ -178,6 +187,9 @@ func (s *Conn) Write(p []byte) (int, error) {
 		return n, s.ioError("write", err, &s.wd)
 	}
 }
+
+// testHookSent runs after each message a Write sent.
+var testHookSent func()
 
 // CloseWrite tells the peer that nothing more will be written: its Read
 // returns io.EOF once it has read everything before. Reading goes on.

@@ -235,6 +235,51 @@ func TestDeadlinesInterruptBlockedCalls(t *testing.T) {
 	})
 }
 
+// A Write that sent every byte reports them sent, with no error, though
+// its deadline passed or Close began after its last message went: the
+// peer has the bytes, and a caller that took the error for a failure
+// would send them again. One that passes after a part went reports that
+// part. A zero-length Read returns at once, deadline or not, as on TCP.
+func TestWriteThatSentEverythingSucceeds(t *testing.T) {
+	forEachDevice(t, func(t *testing.T, d device) {
+		checkNoLeaks(t)
+		c1, c2 := connPair(t, d, &msg.Config{MaxMessageSize: 1024})
+		s := c1.(*Conn)
+		testHookSent = func() { s.SetWriteDeadline(time.Unix(1, 0)) }
+		t.Cleanup(func() { testHookSent = nil })
+
+		n, err := c1.Write(make([]byte, 512))
+		assert.NoError(t, err, "the deadline passed after the only message went")
+		assert.Equal(t, 512, n)
+		s.SetWriteDeadline(time.Time{})
+		n, err = c1.Write(make([]byte, 2048))
+		assert.ErrorIs(t, err, os.ErrDeadlineExceeded, "the deadline passed after the first of two messages")
+		assert.Equal(t, 1024, n)
+		b := make([]byte, 512+1024)
+		_, err = io.ReadFull(c2, b)
+		require.NoError(t, err)
+
+		c2.SetReadDeadline(time.Unix(1, 0))
+		n, err = c2.Read(nil)
+		assert.NoError(t, err, "a zero-length Read past its deadline")
+		assert.Zero(t, n)
+
+		testHookSent = func() {
+			go s.Close()
+			<-s.closeCtx.Done()
+		}
+		s.SetWriteDeadline(time.Time{})
+		n, err = c1.Write([]byte("last"))
+		assert.NoError(t, err, "Close began after the only message went")
+		assert.Equal(t, 4, n)
+		c2.SetReadDeadline(time.Time{})
+		rest, err := io.ReadAll(c2)
+		require.NoError(t, err)
+		assert.Equal(t, "last", string(rest))
+		require.NoError(t, c2.Close())
+	})
+}
+
 // CloseWrite half-closes: the peer reads io.EOF after the data, and can
 // still write back.
 func TestCloseWrite(t *testing.T) {
