@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rdmago/rdmago/rdmacm"
+	"github.com/rdmago/rdmago/verbs"
 )
 
 func TestPrivateDataBothWays(t *testing.T) {
@@ -335,6 +336,33 @@ func TestAcceptWhenDialerGivesUp(t *testing.T) {
 			return
 		}
 		t.Log(err)
+		assert.ErrorIs(t, err, rdmacm.ErrConnect, "the request of a dialer that left is that request's failure")
+	})
+}
+
+// A request the listener cannot take for its own settings (a capacity
+// above the device's) is not reported as the request's failure: EINVAL
+// as from a request the CM dropped, but the listener's fault, which every
+// other request would meet too.
+func TestAcceptBeyondTheDevicesLimitsIsNotTheRequestsFailure(t *testing.T) {
+	forEachDevice(t, func(t *testing.T, d device) {
+		checkNoLeaks(t)
+		l, addr := listen(t, d, &rdmacm.ListenConfig{ConnConfig: rdmacm.ConnConfig{Cap: verbs.QPCap{MaxSendWR: 1 << 24}}})
+		dialed := make(chan error, 1)
+		go func() {
+			_, err := rdmacm.Dial(ctxFor(t, 10*time.Second), addr)
+			dialed <- err
+		}()
+		r, err := l.Request(ctxFor(t, 10*time.Second))
+		require.NoError(t, err)
+		_, err = r.Accept(ctxFor(t, 10*time.Second), nil)
+		require.Error(t, err)
+		t.Log(err)
+		assert.NotErrorIs(t, err, rdmacm.ErrConnect)
+		assert.ErrorIs(t, err, syscall.EINVAL)
+		assert.ErrorContains(t, err, "MaxSendWR")
+		assert.ErrorContains(t, err, "Device.Query")
+		assert.ErrorIs(t, <-dialed, rdmacm.ErrRejected)
 	})
 }
 

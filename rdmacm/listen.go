@@ -501,6 +501,14 @@ func (r *request) accept(ctx context.Context, privateData []byte, setup func(Set
 	return c, nil
 }
 
+// requestDropped reports whether the CM no longer takes the request: it
+// refuses to say how the request's QP would move to INIT, as it does for
+// rdma_create_qp's own move.
+func (e *endpoint) requestDropped() bool {
+	_, _, err := e.id.InitQPAttr(verbs.QPStateInit)
+	return errors.Is(err, syscall.EINVAL)
+}
+
 func (e *endpoint) accept(ctx context.Context, r *request, privateData []byte) (*conn, error) {
 	o := e.o
 	// ConnRequest.Accept has checked privateData's length, so that a
@@ -511,12 +519,18 @@ func (e *endpoint) accept(ctx context.Context, r *request, privateData []byte) (
 		return nil, e.dialerGone(ev, false)
 	}
 	if err := e.prepare(); err != nil {
+		var oe *OpError
+		// EINVAL is also what a request the CM dropped meanwhile (its
+		// dialer gave up) gets from rdma_create_qp; this side's own
+		// settings (a capacity above the device's) give it too, and
+		// are no failure of the request. Asked before the reject, the
+		// CM tells them apart.
+		gone := errors.As(err, &oe) && errors.Is(err, syscall.EINVAL) && e.requestDropped()
 		e.id.reject(nil)
 		if ev := e.id.poll(); ev != nil { // the reason the CM refused
 			return nil, e.dialerGone(ev, false)
 		}
-		var oe *OpError
-		if errors.As(err, &oe) && errors.Is(err, syscall.EINVAL) {
+		if gone {
 			// A failure of this request, as peerGone's are: the
 			// listener goes on.
 			oe.Kind = ErrConnect
