@@ -247,6 +247,12 @@ func sendWRProblem(t QPType, iwarp bool, w *SendWR) string {
 		return fmt.Sprintf("iWARP has no immediate data: %v is not carried (send the value in the message instead)", op)
 	case iwarp && atomic:
 		return fmt.Sprintf("iWARP devices here have no atomics (%v)", op)
+	case w.Flags&SendInline != 0 && op != OpSend && op != OpSendWithImm && op != OpRDMAWrite && op != OpRDMAWriteWithImm:
+		return fmt.Sprintf("inline data (SendInline) goes with SEND and RDMA_WRITE only, not %v", op)
+	case iwarp && op == OpRDMARead && w.Flags&SendFence != 0:
+		// siw_activate_tx refuses it without taking it off the queue:
+		// every request behind it would wait for ever.
+		return "an RDMA_READ on iWARP takes no fence (SendFence): siw refuses it, and its send queue stops behind it"
 	case atomic && (len(w.SGEs) != 1 || w.SGEs[0].Length != 8 || w.RemoteAddr%8 != 0):
 		return "an atomic works on 8 aligned bytes: one SGE of 8 bytes, and RemoteAddr a multiple of 8"
 	}
