@@ -48,8 +48,16 @@ import (
 
 // fastPathOff is set when RDMAGO_FASTPATH=off: every QP and CQ then goes
 // through the provider's C functions, a way out should the Go data path
-// ever be suspected.
-var fastPathOff = os.Getenv("RDMAGO_FASTPATH") == "off"
+// ever be suspected. It is also set on a big-endian machine: the Go path
+// writes the rings' words as a little-endian one lays them out (siw's
+// flags, SGE count and opcode in one 32-bit store; rxe's immediate data
+// swapped to network order unconditionally).
+var fastPathOff = os.Getenv("RDMAGO_FASTPATH") == "off" || !littleEndian()
+
+func littleEndian() bool {
+	x := uint16(1)
+	return *(*byte)(unsafe.Pointer(&x)) == 1
+}
 
 // The providers whose queues have a Go data path.
 const (
