@@ -272,28 +272,7 @@ func TestSendWaitingOnAStrandedRequestEndsWithTheConnection(t *testing.T) {
 		checkNoLeaks(t)
 		cfg := &Config{MaxMessageSize: 1024, Credits: 8, SendBuffers: 2}
 		client, server := pair(t, d, cfg, cfg)
-		ctx := ctxFor(t, 30*time.Second)
-		deliverOne(t, ctx, client, server)
-		for sent, deadline := false, time.Now().Add(10*time.Second); !sent; time.Sleep(10 * time.Millisecond) {
-			require.True(t, time.Now().Before(deadline), "the warm-up's send never completed")
-			client.mu.Lock()
-			client.reapLocked()
-			sent = client.inSQ == 0
-			client.mu.Unlock()
-		}
-
-		// Every send buffer as if posted and never to complete.
-		client.mu.Lock()
-		stranded := client.freeSend
-		client.freeSend = nil
-		client.inSQ += len(stranded)
-		client.mu.Unlock()
-		defer func() { // before Close, which would otherwise wait for them
-			client.mu.Lock()
-			client.freeSend = append(client.freeSend, stranded...)
-			client.inSQ -= len(stranded)
-			client.mu.Unlock()
-		}()
+		defer strandSendBuffers(t, client, server)() // before Close, which would otherwise wait for them
 		sendDone := make(chan error, 1)
 		go func() { sendDone <- client.Send(ctxFor(t, 20*time.Second), []byte("waits")) }()
 		select {
@@ -311,6 +290,60 @@ func TestSendWaitingOnAStrandedRequestEndsWithTheConnection(t *testing.T) {
 		case <-time.After(10 * time.Second):
 			t.Fatal("Send still waits 10 s after the connection ended")
 		}
+	})
+}
+
+// strandSendBuffers, once a message went from client to server and its
+// send completed, takes every send buffer of client as if posted and never
+// to complete, as a peer gone silent leaves them; the function it returns
+// gives them back.
+func strandSendBuffers(t *testing.T, client, server *Conn) (restore func()) {
+	t.Helper()
+	deliverOne(t, ctxFor(t, 30*time.Second), client, server)
+	for sent, deadline := false, time.Now().Add(10*time.Second); !sent; time.Sleep(10 * time.Millisecond) {
+		require.True(t, time.Now().Before(deadline), "the warm-up's send never completed")
+		client.mu.Lock()
+		client.reapLocked()
+		sent = client.inSQ == 0
+		client.mu.Unlock()
+	}
+	client.mu.Lock()
+	stranded := client.freeSend
+	client.freeSend = nil
+	client.inSQ += len(stranded)
+	client.mu.Unlock()
+	return func() {
+		client.mu.Lock()
+		client.freeSend = append(client.freeSend, stranded...)
+		client.inSQ -= len(stranded)
+		client.broadcastLocked()
+		client.mu.Unlock()
+	}
+}
+
+// CloseSend waits for a send buffer at most CloseTimeout: with every
+// buffer's request stranded it returns, without sending the end, and says
+// why; the end goes out once a buffer is free again.
+func TestCloseSendWaitsAtMostCloseTimeout(t *testing.T) {
+	forEachDevice(t, func(t *testing.T, d device) {
+		checkNoLeaks(t)
+		cfg := &Config{MaxMessageSize: 1024, Credits: 8, SendBuffers: 2, CloseTimeout: 300 * time.Millisecond}
+		client, server := pair(t, d, cfg, cfg)
+		restore := strandSendBuffers(t, client, server)
+		begin := time.Now()
+		err := client.CloseSend(ctxFor(t, 20*time.Second))
+		took := time.Since(begin)
+		restore()
+		t.Logf("CloseSend returned after %v: %v", took.Round(time.Millisecond), err)
+		assert.ErrorIs(t, err, context.DeadlineExceeded)
+		assert.ErrorContains(t, err, "CloseTimeout (300ms)")
+		assert.GreaterOrEqual(t, took, 300*time.Millisecond)
+		assert.Less(t, took, 5*time.Second, "CloseSend waited past CloseTimeout")
+
+		ctx := ctxFor(t, 10*time.Second)
+		require.NoError(t, client.CloseSend(ctx))
+		_, err = server.Recv(ctx)
+		assert.ErrorIs(t, err, io.EOF, "the end goes out once a buffer is free")
 	})
 }
 

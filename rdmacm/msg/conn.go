@@ -420,10 +420,21 @@ func (c *Conn) Send(ctx context.Context, p []byte) error {
 }
 
 // CloseSend tells the peer that no more messages follow: its Recv returns
-// io.EOF once it has received the messages sent before. It waits for a
-// credit as Send does. Receiving goes on.
+// io.EOF once it has received the messages sent before. It needs no
+// credit, but may wait for a send buffer: until ctx ends, and at most
+// Config.CloseTimeout, as Close (a peer gone silent acknowledges none of
+// the messages in flight, and on iWARP TCP would retry for minutes). The
+// error then wraps context.DeadlineExceeded, and the end was not sent.
+// Receiving goes on.
 func (c *Conn) CloseSend(ctx context.Context) error {
-	return c.sendFrame(ctx, "close send", frameFin, nil, false)
+	bounded, cancel := context.WithTimeout(ctx, c.closeTimeout)
+	defer cancel()
+	err := c.sendFrame(bounded, "close send", frameFin, nil, false)
+	if err != nil && ctx.Err() == nil && bounded.Err() != nil && errors.Is(err, context.DeadlineExceeded) {
+		return c.opError("close send", fmt.Errorf("no send buffer came free within Config.CloseTimeout (%v), so the end was not sent: "+
+			"the peer has acknowledged none of the messages in flight (is it gone?): %w", c.closeTimeout, context.DeadlineExceeded))
+	}
+	return err
 }
 
 // sendFrame sends a frame of type t, waiting for credit and a send buffer;

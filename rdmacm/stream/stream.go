@@ -197,7 +197,8 @@ var testHookSent func()
 // As with TCP, CloseWrite does not wait for a Write blocked on another
 // goroutine, whose rest then fails (what it sent before the end arrives
 // first), and the write deadline does not apply to it. It may wait for a
-// send buffer, which a peer that reads nothing can hold up until Close.
+// send buffer, at most msg.Config.CloseTimeout (msg.Conn.CloseSend), so
+// that a peer gone silent does not hold it up.
 func (s *Conn) CloseWrite() error {
 	if s.closeCtx.Err() != nil {
 		return s.opError("close write", net.ErrClosed)
