@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	"github.com/rdmago/rdmago/internal/cma"
 	"github.com/rdmago/rdmago/internal/fdwait"
@@ -91,7 +92,16 @@ type cmaSource struct {
 	batch   [1]cma.Event
 	next, n int
 	fill    func() bool // fills batch; made once, not per wait
+	err     error       // fill's failed read, other than "none queued"
+	// getEvents reads events: the channel's GetEvents, or a test's.
+	getEvents func([]cma.Event) (int, bool, error)
 }
+
+// readTries is how many reads in a row may fail (rdma_get_cm_event's
+// malloc, say) before the channel is given up. A failed read leaves its
+// event queued, and Go's poller, which reports a readiness once, would
+// not wake for it again until another event came.
+const readTries = 5
 
 func (s *cmaSource) newID(c *ID, ps PortSpace) (cmHandle, error) {
 	if err := s.ch.NewID(&c.raw, c.token, int(ps)); err != nil {
@@ -107,17 +117,27 @@ func (s *cmaSource) close() {
 
 // read hands out the next event.
 func (s *cmaSource) read() (rawEvent, error) {
-	if s.next == s.n {
+	for failed := 0; s.next == s.n; {
 		if s.fill == nil {
+			if s.getEvents == nil {
+				s.getEvents = s.ch.GetEvents
+			}
 			s.fill = func() bool {
-				s.n, _, _ = s.ch.GetEvents(s.batch[:])
+				s.n, _, s.err = s.getEvents(s.batch[:])
 				s.next = 0
-				return s.n > 0 // none: wait in the poller
+				return s.n > 0 || s.err != nil // none: wait in the poller
 			}
 		}
 		if err := s.w.Wait(context.Background(), s.fill); err != nil {
 			return rawEvent{}, fmt.Errorf("waiting for the rdma_cm event channel in Go's poller: %w", err)
 		}
+		if s.n > 0 || s.err == nil {
+			continue
+		}
+		if failed++; failed == readTries {
+			return rawEvent{}, fmt.Errorf("reading the rdma_cm event channel (rdma_get_cm_event) failed %d times in a row: %w", failed, s.err)
+		}
+		time.Sleep(time.Millisecond << failed) // then read again, without waiting
 	}
 	got := &s.batch[s.next]
 	s.next++
