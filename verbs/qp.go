@@ -514,7 +514,15 @@ func (q *QP) Close() error {
 		return nil
 	}
 	if err := q.qp.Destroy(); err != nil {
-		return &OpError{Op: "ibv_destroy_qp", Device: q.pd.dev.Info.Name, QPN: q.QPN, Err: err}
+		oe := &OpError{Op: "ibv_destroy_qp", Device: q.pd.dev.Info.Name, QPN: q.QPN, Err: err}
+		if !q.qp.KeptOnFailedDestroy() {
+			// The provider let go of the queues before the kernel refused:
+			// the QP is closed here, as a post would fault. The kernel's
+			// QP stays, and with it the CQs' use.
+			q.qp = nil
+			oe.Hint = "the provider released the QP's queues before the kernel refused; the QP cannot be used again"
+		}
+		return oe
 	}
 	q.qp = nil
 	q.cqs.unuse()

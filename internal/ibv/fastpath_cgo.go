@@ -114,6 +114,15 @@ func (q *QP) choose() {
 	}
 }
 
+// KeptOnFailedDestroy reports whether a QP whose Destroy failed is still
+// whole. libsiw (rdma-core 44, siw_destroy_qp) unmaps the send and receive
+// queues before it asks the kernel, and does not map them again when the
+// kernel refuses: any post after that, from Go or C, would fault.
+func (q *QP) KeptOnFailedDestroy() bool {
+	p := providerOf(unsafe.Pointer(q.p.context.ops.post_send))
+	return p != providerSiw && p != providerSiwOtherBuild
+}
+
 // KeptOnFailedDestroy reports whether a CQ whose Destroy failed is still
 // whole. libsiw (rdma-core 44, siw_destroy_cq) unmaps the CQ's ring before
 // it asks the kernel, and does not map it again when the kernel refuses:

@@ -92,6 +92,7 @@ func (q *QP) RecvScratch(n, s int) ([]RecvDesc, []SGE, error) { return nil, nil,
 func (q *QP) PostSend(n int) (int, error)                     { return -1, ErrNoCgo }
 func (q *QP) PostRecv(n int) (int, error)                     { return -1, ErrNoCgo }
 func (q *QP) Destroy() error                                  { return nil }
+func (q *QP) KeptOnFailedDestroy() bool                       { return true }
 
 // AHAttrAt is never reached in this build.
 func AHAttrAt(p unsafe.Pointer) AHAttr { return AHAttr{} }

@@ -32,11 +32,10 @@ struct rdmago_rxe_qp {
 	struct rdmago_rxe_wq rq;
 	struct mminfo sq_mmap_info;
 	struct rdmago_rxe_wq sq;
-	unsigned int ssn;
 };
 // The offsets bench/cgofree.md read off librxe 44 on x86-64.
 _Static_assert(offsetof(struct rdmago_rxe_cq, queue) == 304 && offsetof(struct rdmago_rxe_qp, rq) == 384 &&
-	offsetof(struct rdmago_rxe_qp, sq) == 424 && offsetof(struct rdmago_rxe_qp, ssn) == 448, "struct rxe_cq, rxe_qp");
+	offsetof(struct rdmago_rxe_qp, sq) == 424, "struct rxe_cq, rxe_qp");
 
 // A queue whose mapping is as the kernel sized it (rxe_queue_init,
 // rxe_create_mmap_info): a power of two of slots of at least min bytes,
@@ -71,7 +70,6 @@ _Static_assert(offsetof(struct rdmago_post_send_db, resp) == 32 && sizeof(struct
 struct rdmago_rxe_qp_queues {
 	struct rxe_queue_buf *sq, *rq;
 	unsigned int sq_max_sge, max_inline, rq_max_sge;
-	unsigned int *ssn;
 	uint32_t *state;
 	struct rdmago_post_send_db *db; // to free when the QP goes
 	int cmd_fd;
@@ -111,7 +109,6 @@ static struct rdmago_rxe_qp_queues rdmago_rxe_qp(struct ibv_qp *base) {
 	r.sq_max_sge = qp->sq.max_sge;
 	r.max_inline = qp->sq.max_inline;
 	r.rq_max_sge = qp->rq.max_sge;
-	r.ssn = &qp->ssn;
 	r.state = (uint32_t *)&base->state;
 	r.db = db;
 	r.cmd_fd = base->context->cmd_fd;
@@ -180,7 +177,7 @@ func rxeQPFor(qp *C.struct_ibv_qp) (*rxeQP, unsafe.Pointer) {
 	return &rxeQP{
 		sq: rxeQueueOf(r.sq), rq: rxeQueueOf(r.rq),
 		sqMaxSGE: uint32(r.sq_max_sge), maxInl: uint32(r.max_inline), rqMaxSGE: uint32(r.rq_max_sge),
-		ssn: (*uint32)(unsafe.Pointer(r.ssn)), state: (*uint32)(unsafe.Pointer(r.state)),
+		state:    (*uint32)(unsafe.Pointer(r.state)),
 		doorbell: func() syscall.Errno { return rawWrite(fd, db, 32) },
 	}, db
 }

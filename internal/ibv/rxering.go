@@ -60,9 +60,12 @@ type rxeQP struct {
 	sq, rq           rxeQueue
 	sqMaxSGE, maxInl uint32
 	rqMaxSGE         uint32
-	ssn              *uint32 // librxe's send sequence number, in its struct rxe_qp
-	state            *uint32 // struct ibv_qp's state, which libibverbs keeps
-	doorbell         func() syscall.Errno
+	// ssn numbers the send requests, as librxe's own counter would (its
+	// place in struct rxe_qp moved after rdma-core 44; the kernel does
+	// not read it for a user QP).
+	ssn      uint32
+	state    *uint32 // struct ibv_qp's state, which libibverbs keeps
+	doorbell func() syscall.Errno
 	// owed: a doorbell failed (rxe refuses it before RTS) and left its
 	// requests on the ring; the kernel does not look at them until the
 	// next doorbell, which the next post rings even if it queued nothing.
@@ -168,8 +171,8 @@ func (q *rxeQP) fill(w unsafe.Pointer, d *SendDesc, sges []SGE) {
 	dma := (*[5]uint32)(unsafe.Add(w, rxeSendDMA)) // length, resid, cur_sge, num_sge, sge_offset
 	*dma = [5]uint32{length, length, 0, uint32(len(sges)), 0}
 	*(*uint32)(unsafe.Add(w, rxeSendState)) = 0
-	*(*uint32)(unsafe.Add(w, rxeSendSSN)) = *q.ssn
-	*q.ssn++
+	*(*uint32)(unsafe.Add(w, rxeSendSSN)) = q.ssn
+	q.ssn++
 }
 
 // postRecv queues receive requests; there is no doorbell. On failure bad

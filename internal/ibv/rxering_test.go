@@ -24,7 +24,6 @@ func rxeTestQueue(slots, log2 uint32) rxeQueue {
 type fakeRXE struct {
 	qp    *rxeQP
 	cq    *rxeCQ
-	ssn   uint32
 	state uint32
 	rings int
 	arms  int
@@ -33,7 +32,7 @@ type fakeRXE struct {
 func newFakeRXE() *fakeRXE {
 	f := &fakeRXE{state: 3} // RTR
 	f.qp = &rxeQP{sq: rxeTestQueue(8, 9), rq: rxeTestQueue(4, 7), sqMaxSGE: 3, maxInl: 64, rqMaxSGE: 2,
-		ssn: &f.ssn, state: &f.state}
+		state: &f.state}
 	f.qp.doorbell = func() syscall.Errno { f.rings++; return 0 }
 	f.cq = &rxeCQ{q: rxeTestQueue(8, 6), notify: func() syscall.Errno { f.arms++; return 0 }}
 	return f
@@ -78,7 +77,7 @@ func TestRXEPostSendFillsTheSlots(t *testing.T) {
 	assert.Equal(t, -1, bad)
 	assert.Equal(t, 1, f.rings, "one doorbell for the batch")
 	assert.Equal(t, uint32(3), atomic.LoadUint32(f.qp.sq.producer()))
-	assert.Equal(t, uint32(3), f.ssn)
+	assert.Equal(t, uint32(3), f.qp.ssn, "the requests are numbered")
 
 	u32 := func(w unsafe.Pointer, off uintptr) uint32 { return *(*uint32)(unsafe.Add(w, off)) }
 	u64 := func(w unsafe.Pointer, off uintptr) uint64 { return *(*uint64)(unsafe.Add(w, off)) }
