@@ -39,9 +39,10 @@ type Config struct {
 	// CloseTimeout bounds how long Close waits to pass the end of the
 	// stream (FIN) and the messages still in flight to the peer (default
 	// 2 s); the disconnect that follows has the rdmacm ConnConfig's own.
-	// It also bounds the wait for the connection's end after the device
-	// refused a post or flushed the receives (a teardown under way), so
-	// that calls report that end rather than its first symptom.
+	// It bounds CloseSend's wait for a send buffer the same way, and the
+	// wait for the connection's end after the device refused a post or
+	// flushed the receives (a teardown under way), so that calls report
+	// that end rather than its first symptom.
 	CloseTimeout time.Duration
 
 	// KeepAlive, when positive, has the connection probe a silent peer:
