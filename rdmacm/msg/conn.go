@@ -417,7 +417,7 @@ func (c *Conn) Send(ctx context.Context, p []byte) error {
 	if len(p) > c.max {
 		return c.opError("send", &kindError{ErrTooLarge, fmt.Errorf("a %d-byte message; the connection's maximum is %d", len(p), c.max)})
 	}
-	return c.sendFrame(ctx, "send", frameData, p, false)
+	return c.sendFrame(ctx, nil, "send", frameData, p, false)
 }
 
 // CloseSend tells the peer that no more messages follow: its Recv returns
@@ -428,19 +428,18 @@ func (c *Conn) Send(ctx context.Context, p []byte) error {
 // error then wraps context.DeadlineExceeded, and the end was not sent.
 // Receiving goes on.
 func (c *Conn) CloseSend(ctx context.Context) error {
-	bounded, cancel := context.WithTimeout(ctx, c.closeTimeout)
+	limit, cancel := context.WithTimeout(ctx, c.closeTimeout)
 	defer cancel()
-	err := c.sendFrame(bounded, "close send", frameFin, nil, false)
-	if err != nil && ctx.Err() == nil && bounded.Err() != nil && errors.Is(err, context.DeadlineExceeded) {
-		return c.opError("close send", fmt.Errorf("no send buffer came free within Config.CloseTimeout (%v), so the end was not sent: "+
-			"the peer has acknowledged none of the messages in flight (is it gone?): %w", c.closeTimeout, context.DeadlineExceeded))
-	}
-	return err
+	return c.sendFrame(ctx, limit, "close send", frameFin, nil, false)
 }
 
 // sendFrame sends a frame of type t, waiting for credit and a send buffer;
-// byClose: it is Close's FIN, which goes although Close has begun.
-func (c *Conn) sendFrame(ctx context.Context, op string, t frameType, p []byte, byClose bool) error {
+// byClose: it is Close's FIN, which goes although Close has begun. The wait
+// for a send buffer ends with bufCtx too, if not nil (CloseSend's limit).
+func (c *Conn) sendFrame(ctx, bufCtx context.Context, op string, t frameType, p []byte, byClose bool) error {
+	if bufCtx == nil {
+		bufCtx = ctx
+	}
 	if err := ctx.Err(); err != nil {
 		return c.opError(op, err)
 	}
@@ -585,8 +584,8 @@ func (c *Conn) sendFrame(ctx context.Context, op string, t frameType, p []byte, 
 		c.mu.Unlock()
 		var err error
 		if ready && !noBuffer && c.scqMu.TryLock() {
-			if e := c.reapWait(ctx); e != nil && ctx.Err() != nil {
-				err = ctx.Err()
+			if e := c.reapWait(bufCtx); e != nil && bufCtx.Err() != nil {
+				err = bufCtx.Err()
 			}
 			c.scqMu.Unlock()
 			if err != nil {
@@ -602,14 +601,18 @@ func (c *Conn) sendFrame(ctx context.Context, op string, t frameType, p []byte, 
 			case <-ch:
 			case <-c.rc.Done():
 				// The next round says why.
-			case <-ctx.Done():
-				err = ctx.Err()
+			case <-bufCtx.Done():
+				err = bufCtx.Err()
 			}
 		}
 		if ready {
 			c.mu.Lock()
 			c.bufWaits--
 			c.mu.Unlock()
+		}
+		if err != nil && ctx.Err() == nil {
+			return c.opError(op, fmt.Errorf("no send buffer came free within Config.CloseTimeout (%v), so the end was not sent: "+
+				"the peer has acknowledged none of the messages in flight (is it gone?): %w", c.closeTimeout, err))
 		}
 		if err != nil {
 			return c.opError(op, err)
@@ -1492,7 +1495,7 @@ func (c *Conn) Close() error {
 		c.mu.Unlock()
 		c.closingCancel() // a Send waiting for credit on the receive CQ
 		if fin {
-			c.sendFrame(ctx, "close", frameFin, nil, true)
+			c.sendFrame(ctx, nil, "close", frameFin, nil, true)
 		}
 		c.drain(ctx)
 		c.mu.Lock()

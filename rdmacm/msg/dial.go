@@ -79,7 +79,7 @@ func Dial(ctx context.Context, d *rdmacm.Dialer, address string, cfg *Config) (*
 		rc.Close()
 		return fail(err)
 	}
-	if err := c.sendFrame(ctx, "dial", frameHello, nil, false); err != nil {
+	if err := c.sendFrame(ctx, nil, "dial", frameHello, nil, false); err != nil {
 		c.Close()
 		return nil, err
 	}

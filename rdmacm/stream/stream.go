@@ -198,13 +198,17 @@ var testHookSent func()
 // goroutine, whose rest then fails (what it sent before the end arrives
 // first), and the write deadline does not apply to it. It may wait for a
 // send buffer, at most msg.Config.CloseTimeout (msg.Conn.CloseSend), so
-// that a peer gone silent does not hold it up.
+// that a peer gone silent does not hold it up; the end is then not sent,
+// and writing goes on.
 func (s *Conn) CloseWrite() error {
 	if s.closeCtx.Err() != nil {
 		return s.opError("close write", net.ErrClosed)
 	}
 	if err := s.c.CloseSend(s.closeCtx); err != nil {
-		return s.ioError("close write", err, &s.wd)
+		if s.closeCtx.Err() != nil || errors.Is(err, msg.ErrClosed) {
+			return s.opError("close write", net.ErrClosed)
+		}
+		return s.opError("close write", err) // the write deadline is not CloseWrite's
 	}
 	return nil
 }
