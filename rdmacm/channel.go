@@ -97,11 +97,13 @@ type cmaSource struct {
 	getEvents func([]cma.Event) (int, bool, error)
 }
 
-// readTries is how many reads in a row may fail (rdma_get_cm_event's
-// malloc, say) before the channel is given up. A failed read leaves its
-// event queued, and Go's poller, which reports a readiness once, would
-// not wake for it again until another event came.
-const readTries = 5
+// maxReadPause bounds the pause between two reads of the channel that
+// ran out of memory (rdma_get_cm_event's malloc). A failed read leaves its
+// event queued, and Go's poller, which reports a readiness once, would not
+// wake for it again until another event came: the read is made again, as
+// long as memory is short, since giving up the channel would end every
+// connection of the process.
+const maxReadPause = time.Second
 
 func (s *cmaSource) newID(c *ID, ps PortSpace) (cmHandle, error) {
 	if err := s.ch.NewID(&c.raw, c.token, int(ps)); err != nil {
@@ -134,10 +136,13 @@ func (s *cmaSource) read() (rawEvent, error) {
 		if s.n > 0 || s.err == nil {
 			continue
 		}
-		if failed++; failed == readTries {
-			return rawEvent{}, fmt.Errorf("reading the rdma_cm event channel (rdma_get_cm_event) failed %d times in a row: %w", failed, s.err)
+		if !errors.Is(s.err, syscall.ENOMEM) {
+			// The descriptor itself refuses (an ABI mismatch, a changed
+			// process credential): no read will do better.
+			return rawEvent{}, fmt.Errorf("reading the rdma_cm event channel (rdma_get_cm_event): %w", s.err)
 		}
-		time.Sleep(time.Millisecond << failed) // then read again, without waiting
+		failed++
+		time.Sleep(min(time.Millisecond<<min(failed, 10), maxReadPause)) // then read again, without waiting
 	}
 	got := &s.batch[s.next]
 	s.next++
