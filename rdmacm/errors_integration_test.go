@@ -336,7 +336,10 @@ func TestAcceptWhenDialerGivesUp(t *testing.T) {
 			return
 		}
 		t.Log(err)
-		assert.ErrorIs(t, err, rdmacm.ErrConnect, "the request of a dialer that left is that request's failure")
+		// That request's failure, not the listener's: found before the
+		// accept (the CM dropped the request), or after it (no answer).
+		assert.True(t, errors.Is(err, rdmacm.ErrConnect) || errors.Is(err, rdmacm.ErrUnreachable),
+			"the request of a dialer that left is that request's failure: %v", err)
 	})
 }
 
