@@ -84,6 +84,12 @@ func providerOf(fn unsafe.Pointer) int {
 	return p
 }
 
+// libsiw reports whether the function at fn is libsiw's, of any build.
+func libsiw(fn unsafe.Pointer) bool {
+	p := providerOf(fn)
+	return p == providerSiw || p == providerSiwOtherBuild
+}
+
 // LaterPostRings reports whether a later post rings the doorbell for
 // requests that a failed one left queued: the Go paths and librxe do;
 // libsiw rings only for a send queue it finds idle, which those requests
@@ -92,8 +98,7 @@ func (q *QP) LaterPostRings() bool {
 	if q.fast != nil {
 		return true
 	}
-	p := providerOf(unsafe.Pointer(q.p.context.ops.post_send))
-	return p != providerSiw && p != providerSiwOtherBuild
+	return !libsiw(unsafe.Pointer(q.p.context.ops.post_send))
 }
 
 // choose picks the QP's data path, at its first post.
@@ -119,8 +124,7 @@ func (q *QP) choose() {
 // queues before it asks the kernel, and does not map them again when the
 // kernel refuses: any post after that, from Go or C, would fault.
 func (q *QP) KeptOnFailedDestroy() bool {
-	p := providerOf(unsafe.Pointer(q.p.context.ops.post_send))
-	return p != providerSiw && p != providerSiwOtherBuild
+	return !libsiw(unsafe.Pointer(q.p.context.ops.post_send))
 }
 
 // KeptOnFailedDestroy reports whether a CQ whose Destroy failed is still
@@ -128,8 +132,7 @@ func (q *QP) KeptOnFailedDestroy() bool {
 // it asks the kernel, and does not map it again when the kernel refuses:
 // any poll or arm after that would fault.
 func (c *CQ) KeptOnFailedDestroy() bool {
-	p := providerOf(unsafe.Pointer(c.cq.context.ops.poll_cq))
-	return p != providerSiw && p != providerSiwOtherBuild
+	return !libsiw(unsafe.Pointer(c.cq.context.ops.poll_cq))
 }
 
 // choose picks the CQ's data path, when it is created (its completion
