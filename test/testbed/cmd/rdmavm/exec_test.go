@@ -57,8 +57,8 @@ func TestSessionSharesOneGuest(t *testing.T) {
 	// session has judged the guest (its state check takes about a second
 	// when the host is busy), before the next exec.
 	writeScript(t, dir, "crash.sh", "setsid sh -c 'sleep 2; echo c > /proc/sysrq-trigger' >/dev/null 2>&1 &\n")
-	writeScript(t, dir, "warn.sh", warnScript)
-	writeScript(t, dir, "change.sh", "ip addr add 10.99.0.1/24 dev lo && ip -n siw-a route add 10.98.0.0/24 dev veth-siwa\n")
+	// Both at once, which the session reports both of: one guest fewer to boot.
+	writeScript(t, dir, "warnchange.sh", "ip addr add 10.99.0.1/24 dev lo && ip -n siw-a route add 10.98.0.0/24 dev veth-siwa\n"+warnScript)
 	var stdout, stderr bytes.Buffer
 	// The programs go where the session's guest sees the host's files as
 	// they are (GOTMPDIR, which the session sets): from elsewhere, exec
@@ -66,7 +66,7 @@ func TestSessionSharesOneGuest(t *testing.T) {
 	cmd := exec.Command(rdmavm, "session", "sh", "-c",
 		`cp "$1"/*.sh "$GOTMPDIR" && cd "$GOTMPDIR" || exit 8; `+
 			`"$0" exec ./id.sh 0 || exit 9; "$0" exec ./id.sh 0 || exit 9; "$0" exec ./crash.sh || exit 9; sleep 6; `+
-			`"$0" exec ./id.sh 3; echo id=$?; "$0" exec ./warn.sh; echo warn=$?; "$0" exec ./change.sh; echo change=$?; `+
+			`"$0" exec ./id.sh 3; echo id=$?; "$0" exec ./warnchange.sh; echo warnchange=$?; `+
 			`"$0" exec "$1"/id.sh 0; exit 4`,
 		rdmavm, dir)
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
@@ -87,35 +87,34 @@ func TestSessionSharesOneGuest(t *testing.T) {
 	if len(boots) != 4 || boots[0] != boots[1] || boots[1] == boots[2] || boots[3] == boots[2] {
 		t.Errorf("want one guest's boot id twice, then two others, got %q", boots)
 	}
-	// A (id, id, crash), B (id 3), C (warn), D (change), E (the last).
-	if n := strings.Count(stderr.String(), "booting guest"); n != 5 {
-		t.Errorf("%d boots, want 5:\n%s", n, &stderr)
+	// A (id, id, crash), B (id 3), C (warnchange), D (the last).
+	if n := strings.Count(stderr.String(), "booting guest"); n != 4 {
+		t.Errorf("%d boots, want 4:\n%s", n, &stderr)
 	}
 	for _, want := range []string{
 		"a new guest for id.sh (the last: died after its last command",
 		"failing id.sh: the session's guest died after the command before it had passed",
-		"a new guest for warn.sh (the last: id.sh failed in it)",
-		"warn.sh exited 0, but the guest's kernel reported 1 problem(s)",
-		"a new guest for change.sh (the last: warn.sh failed in it)",
-		"change.sh left the session's guest changed",
+		"a new guest for warnchange.sh (the last: id.sh failed in it)",
+		"warnchange.sh exited 0, but the guest's kernel reported 1 problem(s)",
+		"warnchange.sh left the session's guest changed",
 	} {
 		if !strings.Contains(stderr.String(), want) {
 			t.Errorf("want %q in:\n%s", want, &stderr)
 		}
 	}
-	for _, want := range []string{"id=3", "warn=1", "change=1"} {
+	for _, want := range []string{"id=3", "warnchange=1"} {
 		if !strings.Contains(stdout.String(), want) {
 			t.Errorf("want %q (each exec's own exit status) in:\n%s", want, &stdout)
 		}
 	}
 	if n := strings.Count(stderr.String(), "injected.c:7"); n != 1 {
-		t.Errorf("the injected warning shows %d times, want once (in warn.sh's report):\n%s", n, &stderr)
+		t.Errorf("the injected warning shows %d times, want once (in warnchange.sh's report):\n%s", n, &stderr)
 	}
 	if !regexp.MustCompile(`(?m)^\+ lo .*10\.99\.0\.1/24`).MatchString(stderr.String()) {
-		t.Errorf("want change.sh's address in its report:\n%s", &stderr)
+		t.Errorf("want warnchange.sh's address in its report:\n%s", &stderr)
 	}
 	if !regexp.MustCompile(`(?m)^\+ siw-a: 10\.98\.0\.0/24 dev veth-siwa`).MatchString(stderr.String()) {
-		t.Errorf("want change.sh's route, in namespace siw-a, in its report:\n%s", &stderr)
+		t.Errorf("want warnchange.sh's route, in namespace siw-a, in its report:\n%s", &stderr)
 	}
 
 	// A guest that dies after the last exec passed fails the session.
