@@ -38,23 +38,26 @@ func checkRping(t *testing.T, srv, cli endpoint, addr netip.AddrPort, count int)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	a, p, n := addr.Addr().String(), fmt.Sprint(addr.Port()), fmt.Sprint(count)
-	server, err := srv.run(ctx, srv.netns, "rping", "-s", "-v", "-a", a, "-p", p, "-C", n)
+	// rping prints through a buffered stdout: line-buffered, a run killed
+	// by the timeout still shows how far it got.
+	server, err := srv.run(ctx, srv.netns, "stdbuf", "-oL", "rping", "-s", "-v", "-a", a, "-p", p, "-C", n)
 	if err != nil {
 		t.Fatalf("starting rping server: %v", err)
 	}
 	if err := srv.waitListening(ctx, addr); err != nil {
 		cancel()
 		out, _ := server.wait()
-		t.Fatalf("rping server never listened: %v\nserver output:\n%s", err, out)
+		t.Fatalf("rping server never listened: %v\nserver output:\n%s\nserver's kernel log:\n%s", err, out, kernelTail(srv))
 	}
-	client, err := cli.run(ctx, cli.netns, "rping", "-c", "-v", "-V", "-a", a, "-p", p, "-C", n)
+	client, err := cli.run(ctx, cli.netns, "stdbuf", "-oL", "rping", "-c", "-v", "-V", "-a", a, "-p", p, "-C", n)
 	if err != nil {
 		t.Fatalf("starting rping client: %v", err)
 	}
 	cout, cerr := client.wait()
 	sout, serr := server.wait()
 	if cerr != nil || serr != nil {
-		t.Fatalf("rping over %v failed\nclient: %v\n%s\nserver: %v\n%s", addr, cerr, cout, serr, sout)
+		t.Fatalf("rping over %v failed\nclient: %v\n%s\nserver: %v\n%s\nclient's kernel log:\n%s\nserver's kernel log:\n%s",
+			addr, cerr, cout, serr, sout, kernelTail(cli), kernelTail(srv))
 	}
 	// With -v each side prints one line per iteration; -V makes the client
 	// compare what it read back with what it sent.
@@ -64,4 +67,20 @@ func checkRping(t *testing.T, srv, cli endpoint, addr netip.AddrPort, count int)
 	if got := strings.Count(sout, "server ping data: rdma-ping-"); got != count {
 		t.Errorf("server completed %d pings, want %d:\n%s", got, count, sout)
 	}
+}
+
+// kernelTail is the end of the kernel log on e's machine, for a failure's
+// report: a connection that never completes often leaves its reason there.
+func kernelTail(e endpoint) string {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	p, err := e.run(ctx, "", "sh", "-c", "dmesg | tail -n 40")
+	if err != nil {
+		return fmt.Sprintf("(dmesg: %v)", err)
+	}
+	out, err := p.wait()
+	if err != nil {
+		return fmt.Sprintf("%s(dmesg: %v)", out, err)
+	}
+	return out
 }
