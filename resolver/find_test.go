@@ -3,7 +3,9 @@
 package resolver
 
 import (
+	"errors"
 	"net"
+	"net/netip"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -44,6 +46,22 @@ func TestResolveHostFamily(t *testing.T) {
 	assert.ErrorContains(t, err, "not an ip4 address")
 	_, err = ResolveHost(t.Context(), "x", Options{Network: "tcp"})
 	assert.ErrorContains(t, err, "want ip, ip4 or ip6")
+
+	// A lookup's answers: a given source picks its family.
+	v6, v4 := netip.MustParseAddr("fd00::1"), netip.MustParseAddr("::ffff:10.0.0.1")
+	addrs := []netip.Addr{v6, v4}
+	assert.Equal(t, v6, pickAddr(addrs, netip.Addr{}), "no source: the first answer")
+	assert.Equal(t, v6, pickAddr(addrs, netip.IPv4Unspecified()), "the wildcard names no family")
+	assert.Equal(t, v4.Unmap(), pickAddr(addrs, netip.MustParseAddr("10.0.0.2")))
+	assert.Equal(t, v6, pickAddr(addrs, netip.MustParseAddr("fd00::2")))
+	assert.Equal(t, v6, pickAddr(addrs[:1], netip.MustParseAddr("10.0.0.2")),
+		"none of the source's family: the first, which resolve then refuses")
+
+	_, err = Resolve(t.Context(), netip.MustParseAddr("10.0.0.1"), Options{Source: netip.MustParseAddr("fd00::2")})
+	assert.ErrorContains(t, err, "source fd00::2 and destination 10.0.0.1 are of different families")
+	_, err = Resolve(t.Context(), netip.MustParseAddr("fd00::1"), Options{Source: netip.MustParseAddr("::ffff:10.0.0.2")})
+	assert.ErrorContains(t, err, "source 10.0.0.2 and destination fd00::1 are of different families",
+		"an IPv4-mapped source is IPv4")
 }
 
 // The kernel CM takes the device registered first: a table ordered by the
@@ -73,4 +91,26 @@ func TestFindPortTakesTheDeviceRegisteredFirst(t *testing.T) {
 	assert.False(t, table.Ordered)
 	assert.Equal(t, "aaa0", table.Ports[0].Device)
 	assert.Equal(t, -1, table.Ports[1].DeviceIndex)
+}
+
+// One device that cannot be read (being removed, say) leaves the others
+// usable, and the table says which was left out; with none read, the
+// error names each.
+func TestUnreadDeviceIsLeftOut(t *testing.T) {
+	gone := errors.New("no such device")
+	read := func(t *Table, info verbs.DeviceInfo) error {
+		t.Ports = append(t.Ports, Port{Device: info.Name, Port: 1})
+		if info.Name == "gone0" {
+			return gone // after a port was added: a device half read
+		}
+		return nil
+	}
+	table, err := readDevices([]verbs.DeviceInfo{{Name: "rxe0"}, {Name: "gone0"}, {Name: "siw0"}}, read)
+	require.NoError(t, err)
+	assert.Equal(t, []Port{{Device: "rxe0", Port: 1}, {Device: "siw0", Port: 1}}, table.Ports)
+	assert.Equal(t, []string{"gone0 (no such device)"}, table.Unread)
+
+	_, err = readDevices([]verbs.DeviceInfo{{Name: "gone0"}}, read)
+	assert.ErrorIs(t, err, gone)
+	assert.ErrorContains(t, err, "no RDMA device could be read: gone0: no such device")
 }

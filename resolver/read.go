@@ -37,11 +37,25 @@ func readVerbs() (*Table, error) {
 	if len(infos) == 0 {
 		return nil, fmt.Errorf("resolver: %w on this host", errNoTable)
 	}
+	return readDevices(infos, readDevice)
+}
+
+// readDevices reads each device into one table. A device that cannot be
+// read is left out, named in Unread, so that one device going away does
+// not stop paths through the others; with none read, that is the error.
+func readDevices(infos []verbs.DeviceInfo, read func(*Table, verbs.DeviceInfo) error) (*Table, error) {
 	t := &Table{Source: "verbs"}
+	var errs []error
 	for _, info := range infos {
-		if err := readDevice(t, info); err != nil {
-			return nil, err
+		n := len(t.Ports)
+		if err := read(t, info); err != nil {
+			t.Ports = t.Ports[:n] // none of a device half read
+			t.Unread = append(t.Unread, fmt.Sprintf("%s (%v)", info.Name, err))
+			errs = append(errs, fmt.Errorf("%s: %w", info.Name, err))
 		}
+	}
+	if len(t.Ports) == 0 && len(errs) > 0 {
+		return nil, fmt.Errorf("resolver: no RDMA device could be read: %w", errors.Join(errs...))
 	}
 	return t, nil
 }

@@ -122,6 +122,16 @@ func TestResolveWithoutSource(t *testing.T) {
 		active, _, err := cmprobe.SGIDIndexes(netip.Addr{}, d, uint16(7700+i), 5*time.Second)
 		require.NoError(t, err)
 		assert.Equal(t, active, p.GIDIndex, "no source, %s:\n%s", dst, p.Explain())
+
+		// The wildcard (a listener's bind address, passed on) is no source.
+		wild := netip.IPv4Unspecified()
+		if d.Is6() {
+			wild = netip.IPv6Unspecified()
+		}
+		wp, err := resolver.Resolve(context.Background(), d, resolver.Options{Source: wild})
+		require.NoError(t, err, "source %v, %s", wild, dst)
+		assert.Equal(t, p.GIDIndex, wp.GIDIndex, "source %v, %s:\n%s", wild, dst, wp.Explain())
+		assert.Equal(t, p.Source, wp.Source, "source %v, %s", wild, dst)
 	}
 
 	p, err := resolver.Resolve(context.Background(), netip.MustParseAddr(rxe.IPv4), resolver.Options{})

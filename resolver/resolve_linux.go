@@ -38,7 +38,21 @@ func resolveHost(ctx context.Context, host string, opts Options) (*Path, error) 
 	if len(addrs) == 0 {
 		return nil, fmt.Errorf("resolver: %q has no %s address", host, network)
 	}
-	return resolve(ctx, addrs[0].Unmap(), opts)
+	return resolve(ctx, pickAddr(addrs, opts.Source), opts)
+}
+
+// pickAddr takes the first of a lookup's addresses, or, given a source, the
+// first of the source's family, as a dialer would: the lookup's first answer
+// may be of the other.
+func pickAddr(addrs []netip.Addr, source netip.Addr) netip.Addr {
+	if s := source.Unmap(); s.IsValid() && !s.IsUnspecified() {
+		for _, a := range addrs {
+			if a.Unmap().Is4() == s.Is4() {
+				return a.Unmap()
+			}
+		}
+	}
+	return addrs[0].Unmap()
 }
 
 func resolve(ctx context.Context, dst netip.Addr, opts Options) (*Path, error) {
@@ -59,6 +73,17 @@ func resolve(ctx context.Context, dst netip.Addr, opts Options) (*Path, error) {
 	if opts.Source.Is4In6() {
 		opts.Source = opts.Source.Unmap()
 	}
+	if s := opts.Source; s.IsValid() && s.IsUnspecified() {
+		// A wildcard (a listener's bind address, say) names no source:
+		// the kernel CM binds nothing for it (cma_any_addr) and takes
+		// the route's, and so do we.
+		p.note("source %v: the wildcard, which names no address; the route's source is taken", s)
+		opts.Source = netip.Addr{}
+	}
+	if s := opts.Source; s.IsValid() && s.Is4() != dst.Is4() {
+		return fail(fmt.Errorf("resolver: source %v and destination %v are of different families; "+
+			"the kernel CM refuses the pair with EINVAL", s, dst))
+	}
 	if err := ctx.Err(); err != nil {
 		return fail(err)
 	}
@@ -68,6 +93,9 @@ func resolve(ctx context.Context, dst netip.Addr, opts Options) (*Path, error) {
 		if table, err = ReadTable(); err != nil {
 			return fail(err)
 		}
+	}
+	if len(table.Unread) > 0 {
+		p.note("left out, as they could not be read: %s", strings.Join(table.Unread, "; "))
 	}
 	if dst.IsLoopback() || dst.IsUnspecified() {
 		return fail(fmt.Errorf("resolver: %v: %w: the kernel CM takes it as this host (cma_resolve_loopback) and binds an "+
@@ -82,7 +110,7 @@ func resolve(ctx context.Context, dst netip.Addr, opts Options) (*Path, error) {
 	// finds): the route is looked up out of that netdev, and the GID entry
 	// is that netdev's (cma_acquire_dev_by_src_ip), whatever the route.
 	var bound netlink.Link
-	if s := opts.Source; s.IsValid() && !s.IsUnspecified() && !s.IsLoopback() {
+	if s := opts.Source; s.IsValid() && !s.IsLoopback() {
 		if s.Is6() && s.IsLinkLocalUnicast() && s.Zone() == "" {
 			return fail(fmt.Errorf("resolver: source %v: %w: a link-local source needs its zone (%v%%netdev); "+
 				"the kernel CM refuses it with EINVAL", s, ErrNoGIDForSource, s))
@@ -107,7 +135,9 @@ func resolve(ctx context.Context, dst netip.Addr, opts Options) (*Path, error) {
 	if bound != nil && ro.Oif == "" {
 		ro.Oif = bound.Attrs().Name
 	}
-	if z := dst.Zone(); z != "" && ro.Oif == "" {
+	if z := dst.Zone(); z != "" && ro.Oif == "" && dst.IsLinkLocalUnicast() {
+		// The kernel CM takes a scope only from a link-local address
+		// (cma_bind_addr); another's zone is ignored.
 		ro.Oif = z
 	}
 	if dst.Is6() && dst.IsLinkLocalUnicast() && ro.Oif == "" {
@@ -193,6 +223,10 @@ func resolve(ctx context.Context, dst netip.Addr, opts Options) (*Path, error) {
 	gidNetdev := gidLink.Attrs().Name
 	port, others := findPort(table, gidNetdev, gidLink.Attrs().HardwareAddr)
 	if port == nil {
+		if len(table.Unread) > 0 {
+			return fail(fmt.Errorf("resolver: %s (holding %v): %w among the devices read; these could not be: %s",
+				gidNetdev, src, ErrNoRDMADevice, strings.Join(table.Unread, "; ")))
+		}
 		return fail(fmt.Errorf("resolver: %s (holding %v): %w; create one (rdma link add rxe0 type rxe netdev %s) "+
 			"or reach %v by a netdev that has one", gidNetdev, src, ErrNoRDMADevice, gidNetdev, dst))
 	}

@@ -45,6 +45,10 @@ type Table struct {
 	// Ordered: the ports are in the order the devices registered, every
 	// device's index known.
 	Ordered bool
+	// Unread names the devices that could not be read (one being removed,
+	// say), each with why: their ports are missing from Ports, and a path
+	// is resolved among the others.
+	Unread []string
 }
 
 // orderBy numbers every port's device from index (the kernel's device
