@@ -6,8 +6,10 @@ import (
 	"encoding/json"
 	"net"
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -92,4 +94,62 @@ func FuzzPeerLine(f *testing.F) {
 			}
 		}
 	})
+}
+
+// A failure told to the peer always fits the line the peer reads, whatever
+// its encoding makes of it, and reads back as the start of the reason.
+func TestErrorLineFits(t *testing.T) {
+	for _, reason := range []string{
+		"short",
+		strings.Repeat("<&>", 2000),            // six bytes each in HTML-safe JSON
+		strings.Repeat("\x01", 3000),           // six bytes each in any JSON
+		strings.Repeat("é", 3000),              // cut inside a rune would be invalid UTF-8
+		strings.Repeat("x", 1023) + "ééé<\x02", // cut right at maxReason
+	} {
+		b := errorLine(reason)
+		require.LessOrEqual(t, len(b), maxLine, "%.20q...", reason)
+		require.Equal(t, byte('\n'), b[len(b)-1])
+		var l line
+		require.NoError(t, json.Unmarshal(b, &l))
+		got := strings.TrimSuffix(l.Error, "…")
+		assert.True(t, strings.HasPrefix(reason, got) && got != "", "%.20q... read back as %.20q...", reason, l.Error)
+		assert.True(t, utf8.ValidString(l.Error))
+		if got == reason {
+			assert.Equal(t, reason, l.Error, "a reason not cut has no ellipsis")
+		}
+	}
+}
+
+// A side that fails before the exchange (here its path: no RDMA reaches
+// 127.0.0.1) still tells the peer why, which would otherwise wait for its
+// timeout.
+func TestEarlyFailureIsToldToThePeer(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	a, err := net.Dial("tcp", ln.Addr().String())
+	require.NoError(t, err)
+	defer a.Close()
+	b, err := ln.Accept()
+	require.NoError(t, err)
+	defer b.Close()
+
+	for _, tc := range []struct {
+		cfg  *Config
+		want string
+	}{
+		{&Config{RetryCount: 8}, "check config"},
+		{nil, "resolve path"},
+	} {
+		_, err = Connect(t.Context(), a, tc.cfg)
+		require.ErrorContains(t, err, tc.want)
+		b.SetReadDeadline(time.Now().Add(5 * time.Second))
+		l, rerr := bufio.NewReader(b).ReadSlice('\n')
+		require.NoError(t, rerr, "the peer is told")
+		var p line
+		require.NoError(t, json.Unmarshal(l, &p))
+		assert.Equal(t, err.Error(), p.Error)
+		x := testExchange(&Config{})
+		assert.ErrorIs(t, x.checkPeer(peerLine(), &p), ErrPeerFailed)
+	}
 }

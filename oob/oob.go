@@ -8,6 +8,7 @@ package oob
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/binary"
@@ -20,6 +21,7 @@ import (
 	"os"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/rdmago/rdmago/internal/cmbridge"
 	"github.com/rdmago/rdmago/internal/vbridge"
@@ -91,8 +93,10 @@ const (
 	// version is the exchange's; a peer speaking another is refused.
 	version        = 1
 	defaultTimeout = 10 * time.Second
-	// maxReason bounds the failure told to the peer, well inside the
-	// 4096-byte line the reader takes.
+	// maxLine is the longest line the reader takes (bufio's default
+	// size, newline included), and maxReason the longest failure told
+	// to the peer before its encoding, which may make it longer.
+	maxLine   = 4096
 	maxReason = 1024
 )
 
@@ -123,14 +127,6 @@ func Connect(ctx context.Context, tcp net.Conn, cfg *Config) (*Conn, error) {
 	local, remote := tcpAddr(tcp.LocalAddr()), tcpAddr(tcp.RemoteAddr())
 	fail := func(step string, err error) *rdmacm.OpError {
 		return &rdmacm.OpError{Op: "connect over TCP: " + step, Local: local, Remote: remote, Err: err}
-	}
-	retry, err := retries("RetryCount", o.RetryCount)
-	if err != nil {
-		return nil, fail("check config", err)
-	}
-	rnrRetry, err := retries("RNRRetryCount", o.RNRRetryCount)
-	if err != nil {
-		return nil, fail("check config", err)
 	}
 	if o.Timeout == 0 {
 		o.Timeout = defaultTimeout
@@ -166,14 +162,28 @@ func Connect(ctx context.Context, tcp net.Conn, cfg *Config) (*Conn, error) {
 		tcp.SetDeadline(time.Time{})
 	}()
 
+	// A side that fails before the exchange tells the peer too, which
+	// would otherwise wait for its timeout to learn nothing.
+	refuse := func(oe *rdmacm.OpError) (*Conn, error) {
+		tell(tcp, oe)
+		return nil, oe
+	}
+	retry, err := retries("RetryCount", o.RetryCount)
+	if err != nil {
+		return refuse(fail("check config", err))
+	}
+	rnrRetry, err := retries("RNRRetryCount", o.RNRRetryCount)
+	if err != nil {
+		return refuse(fail("check config", err))
+	}
 	path, err := resolver.Resolve(ctx, remote.Addr(), resolver.Options{Source: local.Addr()})
 	if err != nil {
-		return nil, fail("resolve path", err)
+		return refuse(fail("resolve path", err))
 	}
 	if path.Kind == verbs.KindIWARP {
 		oe := fail("resolve path", verbs.ErrIWARPManual)
 		oe.Device, oe.Hint = path.Device, "iWARP QPs are connected by the iWARP CM only: use rdmacm's Dial and Listen"
-		return nil, oe
+		return refuse(oe)
 	}
 	var res cmbridge.RC
 	x := exchange{o: &o, retry: retry, rnrRetry: rnrRetry, path: path, res: &res, local: local, remote: remote}
@@ -391,11 +401,11 @@ func (x *exchange) makeQP() (verbs.PortAttr, error) {
 // the connection, not yet watching the socket, once it exists: a failure
 // after that must abort it, before that release x.res.
 func (x *exchange) run(ctx context.Context, tcp net.Conn) (conn any, err error) {
-	x.reader = bufio.NewReader(tcp)
+	x.reader = bufio.NewReaderSize(tcp, maxLine)
 	told := false
 	defer func() {
 		if err != nil && !told {
-			x.tell(tcp, err)
+			tell(tcp, err)
 		}
 	}()
 	if err := x.checkShared(); err != nil {
@@ -570,13 +580,30 @@ func rdAtomic(name string, v int) (uint8, error) {
 
 // tell says to the peer why this side failed, so that it need not wait
 // for the socket to close; what comes of the write does not matter.
-func (x *exchange) tell(tcp net.Conn, err error) {
-	reason := err.Error()
-	if len(reason) > maxReason {
-		reason = reason[:maxReason] + "…"
+func tell(tcp net.Conn, err error) {
+	tcp.Write(errorLine(err.Error()))
+}
+
+// errorLine is the line that tells the peer reason, cut to fit the line
+// the peer reads: first to maxReason bytes, then shorter while its JSON,
+// whose escapes can take six bytes for one, is too long.
+func errorLine(reason string) []byte {
+	cut := reason
+	for n := maxReason; ; n /= 2 {
+		if len(reason) > n {
+			for n > 0 && !utf8.RuneStart(reason[n]) {
+				n--
+			}
+			cut = reason[:n] + "…"
+		}
+		var b bytes.Buffer
+		enc := json.NewEncoder(&b)
+		enc.SetEscapeHTML(false)
+		enc.Encode(line{Version: version, Error: cut}) // a string always encodes; Encode ends the line
+		if b.Len() <= maxLine || n == 0 {
+			return b.Bytes()
+		}
 	}
-	b, _ := json.Marshal(line{Version: version, Error: reason})
-	tcp.Write(append(b, '\n'))
 }
 
 func sayHear(tcp net.Conn, r *bufio.Reader, say, hear any) error {
