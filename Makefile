@@ -23,7 +23,7 @@ GO_MIN := $(shell awk '$$1 == "go" { v = $$2; if (v ~ /^[0-9]+\.[0-9]+$$/) v = v
 INTEGRATION_PKGS = $(shell grep -rl --include='*_test.go' '^//go:build.*\bintegration\b' . | grep -v '^./$(APPS)/' | xargs -r -n1 dirname | sort -u)
 TESTBED_PKGS = $(shell grep -rl --include='*_test.go' '^//go:build.*\btestbed\b' . | xargs -r -n1 dirname | sort -u)
 
-.PHONY: all deps test unit lint gomod api mingo integration integration-in-guest testbed prepare demo bench examples shell clean
+.PHONY: all deps test host-checks unit unit-tests lint gomod api mingo mingo-build mingo-tests integration integration-in-guest testbed prepare demo bench examples shell clean
 
 all: test
 
@@ -35,7 +35,32 @@ $(RDMAVM): deps FORCE
 
 FORCE:
 
-test: unit integration testbed
+# The guests' tests leave about half of the two cores idle while they wait on
+# timeouts, and the host's checks need no guest. So make test starts with the
+# guests, and beside them, at the lowest priority (nice 19, taking only what
+# the guests leave), runs what needs nothing of the tests' timing: lint, one
+# API, the oldest Go's build, and the compiles of the host's tests, which then
+# run after the guests' from a warm cache. Either side failing fails make
+# test; the background's output comes last.
+HOST_CHECKS_LOG := $(CURDIR)/bin/host-checks.log
+test: prepare
+	@mkdir -p bin; rm -f $(HOST_CHECKS_LOG); \
+	echo "== beside the guests' tests, at nice 19: lint, one API, the oldest Go's build (their output comes last)"; \
+	setsid nice -n 19 $(MAKE) --no-print-directory host-checks > $(HOST_CHECKS_LOG) 2>&1 & checks=$$!; \
+	trap 'kill -- -$$checks 2>/dev/null || true' INT TERM EXIT; \
+	status=0; $(MAKE) --no-print-directory integration testbed unit-tests mingo-tests || status=$$?; \
+	checks_status=0; wait $$checks || checks_status=$$?; \
+	echo "== run beside the guests' tests: lint, one API, the oldest Go's build"; cat $(HOST_CHECKS_LOG); \
+	if [ $$checks_status -ne 0 ]; then echo "lint, one API or the oldest Go's build FAILED (exit status $$checks_status)"; fi; \
+	[ $$status -eq 0 ] && [ $$checks_status -eq 0 ]
+
+# The checks, then compiles for the host's tests, which run no test here.
+host-checks: lint mingo-build
+	@echo "== compiling the host's tests for later (no test runs here)"
+	GOTOOLCHAIN=go$(GO_MIN) CGO_ENABLED=1 go test -count=1 -run '^$$' ./... > /dev/null
+	go test -race -count=1 -run '^$$' ./... > /dev/null
+	CGO_ENABLED=0 go test -count=1 -run '^$$' $(NOCGO_PKGS) > /dev/null
+	@for f in $(FUZZ_TARGETS); do go test -run '^$$' -fuzz "^$${f#*:}$$" -fuzztime 1x ./$${f%%:*} > /dev/null || exit 1; done
 
 lint: deps gomod
 	@echo "== lint: gofmt, go vet, staticcheck"
@@ -64,29 +89,39 @@ api: deps
 
 # The oldest toolchain go.mod allows still builds everything and passes the
 # host unit tests (no race detector: this is about the language and library).
-mingo: deps
-	@echo "== the oldest Go go.mod allows, go$(GO_MIN): build, vet, host unit tests"
+mingo: mingo-build mingo-tests
+
+mingo-tests: deps
+	@echo "== the oldest Go go.mod allows, go$(GO_MIN): host unit tests"
+	GOTOOLCHAIN=go$(GO_MIN) CGO_ENABLED=1 go test -count=1 ./...
+
+mingo-build: deps
+	@echo "== the oldest Go go.mod allows, go$(GO_MIN): build, vet"
 	GOTOOLCHAIN=go$(GO_MIN) go build ./...
 	GOTOOLCHAIN=go$(GO_MIN) go vet -tags integration ./...
 	GOTOOLCHAIN=go$(GO_MIN) go vet -tags testbed ./...
-	GOTOOLCHAIN=go$(GO_MIN) CGO_ENABLED=1 go test -count=1 ./...
 
-unit: lint mingo
+unit: lint mingo unit-tests
+
+# Pure Go also builds and passes without cgo.
+NOCGO_PKGS := ./verbs/... ./rdmacm/... ./resolver/... ./internal/...
+# Every decoder of bytes a peer sends, and the rules that take user input:
+# package:target.
+FUZZ_TARGETS := verbs:FuzzValidate verbs:FuzzTimerEncoders rdmacm:FuzzDecodePrivateData \
+	rdmacm:FuzzReceivedPrivateData rdmacm:FuzzParseRemoteBuffer rdmacm/msg:FuzzDecodeFrame \
+	rdmacm/msg:FuzzParseHello oob:FuzzPeerLine
+
+unit-tests: deps
 	@echo "== unit tests on the host (race detector; pure Go also without cgo)"
 	go test -race -count=1 ./...
-	CGO_ENABLED=0 go test -count=1 ./verbs/... ./rdmacm/... ./resolver/... ./internal/...
+	CGO_ENABLED=0 go test -count=1 $(NOCGO_PKGS)
 	@echo "== fuzzing, briefly"
 	@# Budgets in executions, not seconds: go1.26's fuzz coordinator can fail a
 	@# duration-bounded run with "context deadline exceeded" at the deadline
 	@# (go.dev/issue/75804, fixed in go1.27); a count has no deadline to race.
-	go test -run '^$$' -fuzz '^FuzzValidate$$' -fuzztime 100000x ./verbs
-	go test -run '^$$' -fuzz '^FuzzTimerEncoders$$' -fuzztime 100000x ./verbs
-	go test -run '^$$' -fuzz '^FuzzDecodePrivateData$$' -fuzztime 100000x ./rdmacm
-	go test -run '^$$' -fuzz '^FuzzReceivedPrivateData$$' -fuzztime 100000x ./rdmacm
-	go test -run '^$$' -fuzz '^FuzzParseRemoteBuffer$$' -fuzztime 100000x ./rdmacm
-	go test -run '^$$' -fuzz '^FuzzDecodeFrame$$' -fuzztime 100000x ./rdmacm/msg
-	go test -run '^$$' -fuzz '^FuzzParseHello$$' -fuzztime 100000x ./rdmacm/msg
-	go test -run '^$$' -fuzz '^FuzzPeerLine$$' -fuzztime 100000x ./oob
+	@for f in $(FUZZ_TARGETS); do \
+		echo "go test -run '^\$$' -fuzz '^$${f#*:}\$$' -fuzztime 100000x ./$${f%%:*}"; \
+		go test -run '^$$' -fuzz "^$${f#*:}$$" -fuzztime 100000x ./$${f%%:*} || exit 1; done
 
 prepare: $(RDMAVM)
 	@echo "== test bed: guest kernel, siw and initramfs (cached in $(RDMAGO_TESTBED_CACHE))"
