@@ -114,3 +114,22 @@ func TestUnreadDeviceIsLeftOut(t *testing.T) {
 	assert.ErrorIs(t, err, gone)
 	assert.ErrorContains(t, err, "no RDMA device could be read: gone0: no such device")
 }
+
+func TestPathMTU(t *testing.T) {
+	for _, tc := range []struct {
+		kind   verbs.Kind
+		netdev int
+		active verbs.MTU
+		want   verbs.MTU
+	}{
+		{verbs.KindRoCE, 1500, verbs.MTU4096, verbs.MTU1024},        // 1500 - 96 holds 1024
+		{verbs.KindRoCE, 9000, verbs.MTU1024, verbs.MTU1024},        // the port bounds it
+		{verbs.KindRoCE, 4200, verbs.MTU4096, verbs.MTU4096},        // 4096 + 96 fits
+		{verbs.KindRoCE, 4150, verbs.MTU4096, verbs.MTU2048},        // it does not
+		{verbs.KindInfiniBand, 2044, verbs.MTU2048, verbs.MTU2048},  // IPoIB datagram mode
+		{verbs.KindInfiniBand, 65520, verbs.MTU4096, verbs.MTU4096}, // connected mode
+	} {
+		got, why := pathMTU(tc.kind, tc.netdev, tc.active)
+		assert.Equal(t, tc.want, got, "%v, netdev MTU %d, active %v: %s", tc.kind, tc.netdev, tc.active, why)
+	}
+}

@@ -41,6 +41,23 @@ func resolveHost(ctx context.Context, host string, opts Options) (*Path, error) 
 	return resolve(ctx, pickAddr(addrs, opts.Source), opts)
 }
 
+// pathMTU is the largest MTU a path's port and netdev allow, and why. On
+// Ethernet (RoCE, iWARP) the netdev's MTU must hold a packet and its
+// headers (iboe_get_mtu); IPoIB's netdev MTU is the IB MTU less its own
+// 4-byte header (datagram mode) or unrelated to it (connected mode), so on
+// InfiniBand the port's active MTU alone counts.
+func pathMTU(kind verbs.Kind, netdevMTU int, active verbs.MTU) (verbs.MTU, string) {
+	if kind == verbs.KindInfiniBand && active.Valid() {
+		return active, "the port's active MTU (InfiniBand: the subnet manager's path record may give a lower one)"
+	}
+	room := verbs.MTUForNetdev(netdevMTU)
+	mtu := room
+	if active.Valid() && active < room {
+		mtu = active
+	}
+	return mtu, fmt.Sprintf("netdev MTU %d leaves room for %v, port active MTU %v", netdevMTU, room, mtuText(active))
+}
+
 // pickAddr takes the first of a lookup's addresses, or, given a source, the
 // first of the source's family, as a dialer would: the lookup's first answer
 // may be of the other.
@@ -245,12 +262,9 @@ func resolve(ctx context.Context, dst netip.Addr, opts Options) (*Path, error) {
 
 	// MTU.
 	room := verbs.MTUForNetdev(p.NetdevMTU)
-	p.PathMTU = room
-	if p.ActiveMTU.Valid() && p.ActiveMTU < room {
-		p.PathMTU = p.ActiveMTU
-	}
-	p.note("path MTU %v: netdev MTU %d leaves room for %v, port active MTU %v (the peer's must be taken into account too)",
-		p.PathMTU, p.NetdevMTU, room, mtuText(p.ActiveMTU))
+	var why string
+	p.PathMTU, why = pathMTU(p.Kind, p.NetdevMTU, p.ActiveMTU)
+	p.note("path MTU %v: %s (the peer's must be taken into account too)", p.PathMTU, why)
 
 	switch p.Kind {
 	case verbs.KindIWARP:
