@@ -51,7 +51,7 @@ func TestResolveHostFamily(t *testing.T) {
 	v6, v4 := netip.MustParseAddr("fd00::1"), netip.MustParseAddr("::ffff:10.0.0.1")
 	addrs := []netip.Addr{v6, v4}
 	assert.Equal(t, v6, pickAddr(addrs, netip.Addr{}), "no source: the first answer")
-	assert.Equal(t, v6, pickAddr(addrs, netip.IPv4Unspecified()), "the wildcard names no family")
+	assert.Equal(t, v4.Unmap(), pickAddr(addrs, netip.IPv4Unspecified()), "the wildcard names a family")
 	assert.Equal(t, v4.Unmap(), pickAddr(addrs, netip.MustParseAddr("10.0.0.2")))
 	assert.Equal(t, v6, pickAddr(addrs, netip.MustParseAddr("fd00::2")))
 	assert.Equal(t, v6, pickAddr(addrs[:1], netip.MustParseAddr("10.0.0.2")),
@@ -62,6 +62,9 @@ func TestResolveHostFamily(t *testing.T) {
 	_, err = Resolve(t.Context(), netip.MustParseAddr("fd00::1"), Options{Source: netip.MustParseAddr("::ffff:10.0.0.2")})
 	assert.ErrorContains(t, err, "source 10.0.0.2 and destination fd00::1 are of different families",
 		"an IPv4-mapped source is IPv4")
+	_, err = Resolve(t.Context(), netip.MustParseAddr("fd00::1"), Options{Source: netip.IPv4Unspecified()})
+	assert.ErrorContains(t, err, "source 0.0.0.0 and destination fd00::1 are of different families",
+		"the wildcard has a family too")
 }
 
 // The kernel CM takes the device registered first: a table ordered by the
@@ -128,6 +131,8 @@ func TestPathMTU(t *testing.T) {
 		{verbs.KindRoCE, 4150, verbs.MTU4096, verbs.MTU2048},        // it does not
 		{verbs.KindInfiniBand, 2044, verbs.MTU2048, verbs.MTU2048},  // IPoIB datagram mode
 		{verbs.KindInfiniBand, 65520, verbs.MTU4096, verbs.MTU4096}, // connected mode
+		{verbs.KindInfiniBand, 2044, 0, verbs.MTU2048},              // active MTU not read (sysfs)
+		{verbs.KindInfiniBand, 65520, 0, verbs.MTU4096},
 	} {
 		got, why := pathMTU(tc.kind, tc.netdev, tc.active)
 		assert.Equal(t, tc.want, got, "%v, netdev MTU %d, active %v: %s", tc.kind, tc.netdev, tc.active, why)

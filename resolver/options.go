@@ -23,6 +23,7 @@ type Options struct {
 	// /sys/kernel/config when present.
 	Configfs fs.FS
 	// Network is the address family [ResolveHost] looks names up in: "ip4",
-	// "ip6" or "ip" (default: either, the first answer).
+	// "ip6" or "ip" (default: either, the first answer of Source's family,
+	// or the first answer).
 	Network string
 }

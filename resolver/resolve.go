@@ -6,7 +6,8 @@ import (
 )
 
 // ResolveHost looks host up (a name or an address) in the family
-// opts.Network names and resolves the first address. It needs Linux, as
+// opts.Network names and resolves the first address, or, with
+// opts.Source, the first of the source's family. It needs Linux, as
 // [Resolve] does.
 func ResolveHost(ctx context.Context, host string, opts Options) (*Path, error) {
 	return resolveHost(ctx, host, opts)

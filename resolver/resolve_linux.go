@@ -47,8 +47,20 @@ func resolveHost(ctx context.Context, host string, opts Options) (*Path, error) 
 // 4-byte header (datagram mode) or unrelated to it (connected mode), so on
 // InfiniBand the port's active MTU alone counts.
 func pathMTU(kind verbs.Kind, netdevMTU int, active verbs.MTU) (verbs.MTU, string) {
-	if kind == verbs.KindInfiniBand && active.Valid() {
-		return active, "the port's active MTU (InfiniBand: the subnet manager's path record may give a lower one)"
+	if kind == verbs.KindInfiniBand {
+		if active.Valid() {
+			return active, "the port's active MTU (InfiniBand: the subnet manager's path record may give a lower one)"
+		}
+		// Not read (sysfs): datagram mode's netdev MTU is the IB MTU
+		// less 4 bytes; connected mode's exceeds every IB MTU.
+		mtu := verbs.MTU(0)
+		for m := verbs.MTU256; m <= verbs.MTU4096; m++ {
+			if m.Bytes() <= netdevMTU+4 {
+				mtu = m
+			}
+		}
+		return mtu, fmt.Sprintf("InfiniBand, port active MTU not read: the largest IB MTU that IPoIB's netdev MTU %d "+
+			"and its 4-byte header allow", netdevMTU)
 	}
 	room := verbs.MTUForNetdev(netdevMTU)
 	mtu := room
@@ -58,11 +70,11 @@ func pathMTU(kind verbs.Kind, netdevMTU int, active verbs.MTU) (verbs.MTU, strin
 	return mtu, fmt.Sprintf("netdev MTU %d leaves room for %v, port active MTU %v", netdevMTU, room, mtuText(active))
 }
 
-// pickAddr takes the first of a lookup's addresses, or, given a source, the
-// first of the source's family, as a dialer would: the lookup's first answer
-// may be of the other.
+// pickAddr takes the first of a lookup's addresses, or, given a source (a
+// wildcard too), the first of the source's family, as a dialer would: the
+// lookup's first answer may be of the other.
 func pickAddr(addrs []netip.Addr, source netip.Addr) netip.Addr {
-	if s := source.Unmap(); s.IsValid() && !s.IsUnspecified() {
+	if s := source.Unmap(); s.IsValid() {
 		for _, a := range addrs {
 			if a.Unmap().Is4() == s.Is4() {
 				return a.Unmap()
@@ -90,16 +102,16 @@ func resolve(ctx context.Context, dst netip.Addr, opts Options) (*Path, error) {
 	if opts.Source.Is4In6() {
 		opts.Source = opts.Source.Unmap()
 	}
-	if s := opts.Source; s.IsValid() && s.IsUnspecified() {
-		// A wildcard (a listener's bind address, say) names no source:
-		// the kernel CM binds nothing for it (cma_any_addr) and takes
-		// the route's, and so do we.
-		p.note("source %v: the wildcard, which names no address; the route's source is taken", s)
-		opts.Source = netip.Addr{}
-	}
 	if s := opts.Source; s.IsValid() && s.Is4() != dst.Is4() {
 		return fail(fmt.Errorf("resolver: source %v and destination %v are of different families; "+
 			"the kernel CM refuses the pair with EINVAL", s, dst))
+	}
+	if s := opts.Source; s.IsValid() && s.IsUnspecified() {
+		// A wildcard (a listener's bind address, say) names a family
+		// but no address: the kernel CM binds the id to no netdev for
+		// it (cma_any_addr) and takes the route's source, as we do.
+		p.note("source %v: the wildcard, which names no address; the route's source is taken", s)
+		opts.Source = netip.Addr{}
 	}
 	if err := ctx.Err(); err != nil {
 		return fail(err)
@@ -152,10 +164,13 @@ func resolve(ctx context.Context, dst netip.Addr, opts Options) (*Path, error) {
 	if bound != nil && ro.Oif == "" {
 		ro.Oif = bound.Attrs().Name
 	}
-	if z := dst.Zone(); z != "" && ro.Oif == "" && dst.IsLinkLocalUnicast() {
-		// The kernel CM takes a scope only from a link-local address
-		// (cma_bind_addr); another's zone is ignored.
-		ro.Oif = z
+	if z := dst.Zone(); z != "" && ro.Oif == "" {
+		if dst.IsLinkLocalUnicast() {
+			ro.Oif = z
+		} else {
+			p.note("zone %q of %v: ignored, as the kernel CM takes a scope only from a link-local address (cma_bind_addr)",
+				z, dst.WithZone(""))
+		}
 	}
 	if dst.Is6() && dst.IsLinkLocalUnicast() && ro.Oif == "" {
 		return fail(fmt.Errorf("resolver: %v: %w: a link-local destination needs its zone (%v%%netdev) or Options.Interface",
@@ -240,12 +255,12 @@ func resolve(ctx context.Context, dst netip.Addr, opts Options) (*Path, error) {
 	gidNetdev := gidLink.Attrs().Name
 	port, others := findPort(table, gidNetdev, gidLink.Attrs().HardwareAddr)
 	if port == nil {
+		unread := ""
 		if len(table.Unread) > 0 {
-			return fail(fmt.Errorf("resolver: %s (holding %v): %w among the devices read; these could not be: %s",
-				gidNetdev, src, ErrNoRDMADevice, strings.Join(table.Unread, "; ")))
+			unread = " (of the devices read; these could not be: " + strings.Join(table.Unread, "; ") + ")"
 		}
-		return fail(fmt.Errorf("resolver: %s (holding %v): %w; create one (rdma link add rxe0 type rxe netdev %s) "+
-			"or reach %v by a netdev that has one", gidNetdev, src, ErrNoRDMADevice, gidNetdev, dst))
+		return fail(fmt.Errorf("resolver: %s (holding %v): %w%s; create one (rdma link add rxe0 type rxe netdev %s) "+
+			"or reach %v by a netdev that has one", gidNetdev, src, ErrNoRDMADevice, unread, gidNetdev, dst))
 	}
 	p.Device, p.Port, p.Kind, p.KindName = port.Device, port.Port, port.Kind(), port.Kind().String()
 	p.ActiveMTU = port.ActiveMTU
