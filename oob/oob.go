@@ -116,9 +116,11 @@ type Conn struct {
 // socket, one JSON line each way, then one more once each QP is at RTS.
 // GID types and address families must match (RoCE v1 against v2, or IPv4
 // against IPv6, connects and then never delivers a packet), and the path
-// MTU is the smaller side's. A side that fails after the exchange began
-// tells the other why, whose error then matches [ErrPeerFailed]. Errors
-// are *rdmacm.OpError; on failure the socket is left to the caller.
+// MTU is the smaller side's. A side that fails tells the other why, in
+// one line on the socket, and the other's error then matches
+// [ErrPeerFailed]; only a refusal of iWARP, which the peer makes too, is
+// not told. Errors are *rdmacm.OpError; on failure the socket is left to
+// the caller.
 func Connect(ctx context.Context, tcp net.Conn, cfg *Config) (*Conn, error) {
 	var o Config
 	if cfg != nil {
@@ -181,9 +183,11 @@ func Connect(ctx context.Context, tcp net.Conn, cfg *Config) (*Conn, error) {
 		return refuse(fail("resolve path", err))
 	}
 	if path.Kind == verbs.KindIWARP {
+		// Not told: the peer on the same link refuses by itself, and a
+		// caller that falls back to rdmacm over this socket finds it clean.
 		oe := fail("resolve path", verbs.ErrIWARPManual)
 		oe.Device, oe.Hint = path.Device, "iWARP QPs are connected by the iWARP CM only: use rdmacm's Dial and Listen"
-		return refuse(oe)
+		return nil, oe
 	}
 	var res cmbridge.RC
 	x := exchange{o: &o, retry: retry, rnrRetry: rnrRetry, path: path, res: &res, local: local, remote: remote}

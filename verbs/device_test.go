@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 func TestGIDFromIP(t *testing.T) {
@@ -45,6 +46,16 @@ func TestMTU(t *testing.T) {
 	assert.Equal(t, 0, MTU(6).Bytes())
 	_, err := MTUFromBytes(1500)
 	assert.ErrorContains(t, err, "1500 bytes is not a path MTU")
+
+	// In JSON (oob's lines), an MTU is a whole number of bytes.
+	var m MTU
+	require.NoError(t, m.UnmarshalJSON([]byte("2048")))
+	assert.Equal(t, MTU2048, m)
+	require.NoError(t, m.UnmarshalJSON([]byte("0")))
+	assert.Equal(t, MTU(0), m)
+	for _, bad := range []string{"1024.5", "1024x", `"1024"`, "", "1500"} {
+		assert.Error(t, m.UnmarshalJSON([]byte(bad)), "%q", bad)
+	}
 }
 
 func TestMTUForNetdev(t *testing.T) {

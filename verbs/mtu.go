@@ -1,6 +1,9 @@
 package verbs
 
-import "fmt"
+import (
+	"fmt"
+	"strconv"
+)
 
 // MTU is a path MTU as the verbs encode it (enum ibv_mtu): 1 = 256 bytes up to
 // 5 = 4096 bytes. 0 is invalid.
@@ -68,9 +71,9 @@ func (m MTU) MarshalJSON() ([]byte, error) {
 
 // UnmarshalJSON reads an MTU in bytes; 0 is the zero MTU.
 func (m *MTU) UnmarshalJSON(b []byte) error {
-	var n int
-	if _, err := fmt.Sscan(string(b), &n); err != nil {
-		return fmt.Errorf("verbs: MTU %s: %w", b, err)
+	n, err := strconv.Atoi(string(b)) // whole: 1024.5 or 1024x is no MTU
+	if err != nil {
+		return fmt.Errorf("verbs: MTU %s: want a whole number of bytes", b)
 	}
 	if n == 0 {
 		*m = 0
