@@ -56,8 +56,12 @@ func checkRping(t *testing.T, srv, cli endpoint, addr netip.AddrPort, count int)
 	cout, cerr := client.wait()
 	sout, serr := server.wait()
 	if cerr != nil || serr != nil {
-		t.Fatalf("rping over %v failed\nclient: %v\n%s\nserver: %v\n%s\nclient's kernel log:\n%s\nserver's kernel log:\n%s",
-			addr, cerr, cout, serr, sout, kernelTail(cli), kernelTail(srv))
+		ck, sk := kernelTail(cli), kernelTail(srv)
+		logs := "client's kernel log:\n" + ck + "\nserver's kernel log:\n" + sk
+		if ck == sk { // one machine
+			logs = "kernel log:\n" + ck
+		}
+		t.Fatalf("rping over %v failed\nclient: %v\n%s\nserver: %v\n%s\n%s", addr, cerr, cout, serr, sout, logs)
 	}
 	// With -v each side prints one line per iteration; -V makes the client
 	// compare what it read back with what it sent.
