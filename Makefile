@@ -1,5 +1,5 @@
-# rdmago: make test runs everything (host unit tests, then integration tests on
-# real rxe and siw devices in qemu guests); make demo runs the main demo;
+# rdmago: make test runs everything (integration tests on real rxe and siw
+# devices in qemu guests, lint and host unit tests); make demo runs the main demo;
 # make bench measures the examples against the C tools.
 # Both install what they need on a Debian 12 machine first.
 
@@ -27,8 +27,9 @@ TESTBED_PKGS = $(shell grep -rl --include='*_test.go' '^//go:build.*\btestbed\b'
 
 all: test
 
+# DEPS_DONE=1 skips it in a make that a make which ran it started.
 deps:
-	@bash test/testbed/vm/install-deps.sh
+	@[ -n "$(DEPS_DONE)" ] || bash test/testbed/vm/install-deps.sh
 
 $(RDMAVM): deps FORCE
 	@go build -o $(RDMAVM) ./test/testbed/cmd/rdmavm
@@ -41,26 +42,38 @@ FORCE:
 # the guests leave), runs what needs nothing of the tests' timing: lint, one
 # API, the oldest Go's build, and the compiles of the host's tests, which then
 # run after the guests' from a warm cache. Either side failing fails make
-# test; the background's output comes last.
+# test (-k: a guest's failure still runs the host's tests); the background's
+# output comes last. Both sides run in the background of this recipe's shell,
+# so that a TERM reaches them at once (make passes it on to its children).
+# The checks get a session of their own, to be stopped as one process group;
+# where the kernel groups a session's tasks for scheduling (autogroup), that
+# group's nice is set as well, since nice alone would then weigh only within
+# the group and the checks would take half of the CPU.
 HOST_CHECKS_LOG := $(CURDIR)/bin/host-checks.log
 test: prepare
 	@mkdir -p bin; rm -f $(HOST_CHECKS_LOG); \
 	echo "== beside the guests' tests, at nice 19: lint, one API, the oldest Go's build (their output comes last)"; \
-	setsid nice -n 19 $(MAKE) --no-print-directory host-checks > $(HOST_CHECKS_LOG) 2>&1 & checks=$$!; \
-	trap 'kill -- -$$checks 2>/dev/null || true' INT TERM EXIT; \
-	status=0; $(MAKE) --no-print-directory integration testbed unit-tests mingo-tests || status=$$?; \
+	setsid -w sh -c 'echo 19 > /proc/self/autogroup 2>/dev/null; exec nice -n 19 "$$@"' sh \
+		$(MAKE) --no-print-directory DEPS_DONE=1 host-checks > $(HOST_CHECKS_LOG) 2>&1 & checks=$$!; \
+	$(MAKE) --no-print-directory -k DEPS_DONE=1 integration testbed unit-tests mingo-tests & tests=$$!; \
+	trap 'kill -- -$$checks 2>/dev/null || true' EXIT; \
+	trap 'kill -TERM $$tests 2>/dev/null || true; wait $$tests || true; exit 143' INT TERM; \
+	status=0; wait $$tests || status=$$?; \
 	checks_status=0; wait $$checks || checks_status=$$?; \
-	echo "== run beside the guests' tests: lint, one API, the oldest Go's build"; cat $(HOST_CHECKS_LOG); \
-	if [ $$checks_status -ne 0 ]; then echo "lint, one API or the oldest Go's build FAILED (exit status $$checks_status)"; fi; \
+	echo "== run beside the guests' tests: lint, one API, the oldest Go's build, the host tests' compiles"; \
+	cat $(HOST_CHECKS_LOG); \
+	if [ $$checks_status -ne 0 ]; then echo "those checks FAILED (exit status $$checks_status): see above"; fi; \
 	[ $$status -eq 0 ] && [ $$checks_status -eq 0 ]
 
-# The checks, then compiles for the host's tests, which run no test here.
+# The checks, then the compiles of the host's tests and fuzz targets, with
+# no test selected (TestMain still runs) and one fuzz execution (with the
+# seed corpus).
 host-checks: lint mingo-build
-	@echo "== compiling the host's tests for later (no test runs here)"
-	GOTOOLCHAIN=go$(GO_MIN) CGO_ENABLED=1 go test -count=1 -run '^$$' ./... > /dev/null
-	go test -race -count=1 -run '^$$' ./... > /dev/null
-	CGO_ENABLED=0 go test -count=1 -run '^$$' $(NOCGO_PKGS) > /dev/null
-	@for f in $(FUZZ_TARGETS); do go test -run '^$$' -fuzz "^$${f#*:}$$" -fuzztime 1x ./$${f%%:*} > /dev/null || exit 1; done
+	@echo "== compiling the host's tests for later"
+	GOTOOLCHAIN=go$(GO_MIN) CGO_ENABLED=1 go test -count=1 -run '^$$' ./...
+	go test -race -count=1 -run '^$$' ./...
+	CGO_ENABLED=0 go test -count=1 -run '^$$' $(NOCGO_PKGS)
+	@for f in $(FUZZ_TARGETS); do go test -run '^$$' -fuzz "^$${f#*:}$$" -fuzztime 1x ./$${f%%:*} || exit 1; done
 
 lint: deps gomod
 	@echo "== lint: gofmt, go vet, staticcheck"
