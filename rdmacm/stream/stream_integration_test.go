@@ -13,6 +13,9 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"reflect"
+	"runtime"
+	"sync"
 	"testing"
 	"time"
 
@@ -383,6 +386,94 @@ func TestCloseDoesNotHang(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 		require.NoError(t, l.Close())
 		assert.ErrorIs(t, <-accepted, net.ErrClosed)
+	})
+}
+
+// A Conn dropped without Close is closed once the garbage collector finds
+// it unreachable, as an *os.File is, also while it holds a message half
+// read: its peer reads what was written, then io.EOF, and nothing of it is
+// left behind (checkNoLeaks).
+func TestDroppedConnIsClosed(t *testing.T) {
+	forEachDevice(t, func(t *testing.T, d device) {
+		checkNoLeaks(t)
+		before, err := testbed.Objects()
+		require.NoError(t, err)
+		ctx := context.Background()
+		l, err := Listen(ctx, nil, d.next(), nil)
+		require.NoError(t, err)
+		var closeListener sync.Once
+		defer closeListener.Do(func() { assert.NoError(t, l.Close()) })
+		// Each peer reads to the end, or for 30 s, and says what it read.
+		type end struct {
+			b   []byte
+			err error
+		}
+		ends := make(chan end, 2)
+		readToEnd := func(c net.Conn) {
+			defer c.Close()
+			c.SetReadDeadline(time.Now().Add(30 * time.Second))
+			b, err := io.ReadAll(c)
+			ends <- end{b, err}
+		}
+		// A dialer's handshake needs an Accept under way.
+		accepted := make(chan net.Conn, 2)
+		go func() {
+			for range 2 {
+				c, err := l.Accept()
+				if !assert.NoError(t, err) {
+					close(accepted)
+					return
+				}
+				accepted <- c
+			}
+		}()
+		accept := func() net.Conn {
+			c, ok := <-accepted
+			require.True(t, ok, "accepted")
+			return c
+		}
+		// The dialed Conns are referred to only inside these functions.
+		func() {
+			c, err := Dial(ctx, l.Addr().String())
+			require.NoError(t, err)
+			_, err = c.Write([]byte("written, then dropped"))
+			require.NoError(t, err)
+		}()
+		go readToEnd(accept())
+		func() {
+			c, err := Dial(ctx, l.Addr().String())
+			require.NoError(t, err)
+			peer := accept()
+			_, err = peer.Write([]byte("half read"))
+			require.NoError(t, err)
+			_, err = c.Read(make([]byte, 1)) // the rest stays held
+			require.NoError(t, err)
+			go readToEnd(peer)
+		}()
+
+		// Collect until both peers have read the end.
+		var got []string
+		for len(got) < 2 {
+			runtime.GC()
+			select {
+			case e := <-ends:
+				assert.NoError(t, e.err, "a dropped Conn's peer reads to its end")
+				got = append(got, string(e.b))
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+		assert.ElementsMatch(t, []string{"written, then dropped", ""}, got)
+		closeListener.Do(func() { assert.NoError(t, l.Close()) })
+		// The message held at the drop keeps the QP and buffers until a
+		// collection finds it unreachable too (msg.Conn.Close): collect
+		// until they are gone, for checkNoLeaks.
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
+			runtime.GC()
+			if now, err := testbed.Objects(); err == nil && reflect.DeepEqual(now, before) {
+				break
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
 	})
 }
 
