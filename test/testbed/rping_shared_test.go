@@ -53,13 +53,26 @@ func checkRping(t *testing.T, srv, cli endpoint, addr netip.AddrPort, count int)
 	if err != nil {
 		t.Fatalf("starting rping client: %v", err)
 	}
+	// A run that hangs is killed at ctx's end, and its connection with it:
+	// what the CM and TCP held is taken while it still hangs.
+	hung := make(chan string, 1)
+	watch := time.AfterFunc(45*time.Second, func() {
+		hung <- "still running after 45 s; the client's side then:\n" + connState(cli) +
+			"\nthe server's side:\n" + connState(srv)
+	})
 	cout, cerr := client.wait()
+	watch.Stop()
 	sout, serr := server.wait()
 	if cerr != nil || serr != nil {
 		ck, sk := kernelTail(cli), kernelTail(srv)
 		logs := "client's kernel log:\n" + ck + "\nserver's kernel log:\n" + sk
 		if ck == sk { // one machine
 			logs = "kernel log:\n" + ck
+		}
+		select {
+		case state := <-hung:
+			logs += "\n" + state
+		default:
 		}
 		t.Fatalf("rping over %v failed\nclient: %v\n%s\nserver: %v\n%s\n%s", addr, cerr, cout, serr, sout, logs)
 	}
@@ -76,15 +89,27 @@ func checkRping(t *testing.T, srv, cli endpoint, addr netip.AddrPort, count int)
 // kernelTail is the end of the kernel log on e's machine, for a failure's
 // report: a connection that never completes often leaves its reason there.
 func kernelTail(e endpoint) string {
+	return shellOutput(e, "", "dmesg | tail -n 40")
+}
+
+// connState is what e's machine holds of connections: the CM's ids with
+// their states, and TCP's sockets in e's namespace (iWARP's among them).
+func connState(e endpoint) string {
+	return shellOutput(e, e.netns, "rdma res show cm_id; ss -tanoi")
+}
+
+// shellOutput runs script with sh on e's machine, in netns, and returns
+// its output, or why there is none.
+func shellOutput(e endpoint, netns, script string) string {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	p, err := e.run(ctx, "", "sh", "-c", "dmesg | tail -n 40")
+	p, err := e.run(ctx, netns, "sh", "-c", script)
 	if err != nil {
-		return fmt.Sprintf("(dmesg: %v)", err)
+		return fmt.Sprintf("(%s: %v)", script, err)
 	}
 	out, err := p.wait()
 	if err != nil {
-		return fmt.Sprintf("%s(dmesg: %v)", out, err)
+		return fmt.Sprintf("%s(%s: %v)", out, script, err)
 	}
 	return out
 }
