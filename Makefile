@@ -142,7 +142,14 @@ prepare: $(RDMAVM)
 
 # One guest serves every package's test binary in turn (rdmavm session): a
 # boot costs about 7 s under emulation, and there are some twenty binaries.
+# Their compiles first, on both cores and before the guest boots: go test
+# -p 1, which runs one test binary at a time in the guest, also compiles one
+# package at a time. -exec /bin/true builds each test binary and runs none.
 integration: prepare
+	@echo "== compiling the integration tests"
+	go test -race -count=1 -tags integration -exec /bin/true $(INTEGRATION_PKGS) | { grep -v '^ok ' || true; }
+	cd $(APPS) && go test -race -count=1 -tags integration -exec /bin/true ./... | { grep -v '^ok ' || true; }
+	GOEXPERIMENT=cgocheck2 go test -count=1 -tags integration -exec /bin/true ./verbs | { grep -v '^ok ' || true; }
 	@echo "== integration tests inside a guest with rxe and siw (one guest for all, each package in a fresh process)"
 	$(RDMAVM) session $(MAKE) --no-print-directory integration-in-guest
 
@@ -154,6 +161,7 @@ integration-in-guest:
 	GOEXPERIMENT=cgocheck2 go test -count=1 -tags integration -exec "$(RDMAVM) exec" ./verbs
 
 testbed: prepare
+	go test -count=1 -tags testbed -exec /bin/true $(TESTBED_PKGS) | { grep -v '^ok ' || true; }
 	@echo "== tests that boot guests from the host (two RoCE hosts, faults)"
 	go test -p 1 -count=1 -v -tags testbed -run . $(TESTBED_PKGS)
 
