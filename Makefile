@@ -53,7 +53,7 @@ HOST_CHECKS_LOG := $(CURDIR)/bin/host-checks.log
 test: prepare
 	@mkdir -p bin; rm -f $(HOST_CHECKS_LOG); \
 	echo "== beside the guests' tests, at nice 19: lint, one API, the oldest Go's build (their output comes last)"; \
-	setsid -w sh -c 'echo 19 > /proc/self/autogroup 2>/dev/null; exec nice -n 19 "$$@"' sh \
+	setsid -w sh -c '{ echo 19 > /proc/self/autogroup; } 2>/dev/null; exec nice -n 19 "$$@"' sh \
 		$(MAKE) --no-print-directory DEPS_DONE=1 host-checks > $(HOST_CHECKS_LOG) 2>&1 & checks=$$!; \
 	$(MAKE) --no-print-directory -k DEPS_DONE=1 integration testbed unit-tests mingo-tests & tests=$$!; \
 	trap 'kill -- -$$checks 2>/dev/null || true' EXIT; \
@@ -144,7 +144,8 @@ prepare: $(RDMAVM)
 # boot costs about 7 s under emulation, and there are some twenty binaries.
 # Their compiles first, on both cores and before the guest boots: go test
 # -p 1, which runs one test binary at a time in the guest, also compiles one
-# package at a time. -exec /bin/true builds each test binary and runs none.
+# package at a time. -exec /bin/true builds each test binary and runs none;
+# the compiles are cached, the links are not (go test links again).
 integration: prepare
 	@echo "== compiling the integration tests"
 	go test -race -count=1 -tags integration -exec /bin/true $(INTEGRATION_PKGS) | { grep -v '^ok ' || true; }

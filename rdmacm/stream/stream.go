@@ -89,7 +89,7 @@ func New(c *msg.Conn) *Conn {
 func closeDropped(c *msg.Conn) { go c.Close() }
 
 // Msg is the message connection underneath. It belongs to s: it is
-// closed with s, or when s is dropped.
+// closed with s, or when s is dropped, and holding it does not keep s.
 func (s *Conn) Msg() *msg.Conn { return s.c }
 
 func (s *Conn) LocalAddr() net.Addr  { return s.local }

@@ -415,22 +415,26 @@ func TestDroppedConnIsClosed(t *testing.T) {
 			b, err := io.ReadAll(c)
 			ends <- end{b, err}
 		}
-		// A dialer's handshake needs an Accept under way.
-		accepted := make(chan net.Conn, 2)
+		// A dialer's handshake needs an Accept under way. Its errors go
+		// to the test's goroutine, which may have ended (a failed Dial).
+		type acceptance struct {
+			c   net.Conn
+			err error
+		}
+		accepted := make(chan acceptance, 2)
 		go func() {
 			for range 2 {
 				c, err := l.Accept()
-				if !assert.NoError(t, err) {
-					close(accepted)
+				accepted <- acceptance{c, err}
+				if err != nil {
 					return
 				}
-				accepted <- c
 			}
 		}()
 		accept := func() net.Conn {
-			c, ok := <-accepted
-			require.True(t, ok, "accepted")
-			return c
+			a := <-accepted
+			require.NoError(t, a.err)
+			return a.c
 		}
 		// The dialed Conns are referred to only inside these functions.
 		func() {

@@ -61,18 +61,19 @@ func checkRping(t *testing.T, srv, cli endpoint, addr netip.AddrPort, count int)
 			"\nthe server's side:\n" + connState(srv)
 	})
 	cout, cerr := client.wait()
-	watch.Stop()
 	sout, serr := server.wait()
+	state := ""
+	if !watch.Stop() {
+		state = <-hung // taken, or being taken: it is sent once
+	}
 	if cerr != nil || serr != nil {
 		ck, sk := kernelTail(cli), kernelTail(srv)
 		logs := "client's kernel log:\n" + ck + "\nserver's kernel log:\n" + sk
 		if ck == sk { // one machine
 			logs = "kernel log:\n" + ck
 		}
-		select {
-		case state := <-hung:
+		if state != "" {
 			logs += "\n" + state
-		default:
 		}
 		t.Fatalf("rping over %v failed\nclient: %v\n%s\nserver: %v\n%s\n%s", addr, cerr, cout, serr, sout, logs)
 	}
