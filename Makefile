@@ -73,7 +73,7 @@ host-checks: lint mingo-build
 	GOTOOLCHAIN=go$(GO_MIN) CGO_ENABLED=1 go test -count=1 -run '^$$' ./...
 	go test -race -count=1 -run '^$$' ./...
 	CGO_ENABLED=0 go test -count=1 -run '^$$' $(NOCGO_PKGS)
-	@for f in $(FUZZ_TARGETS); do go test -run '^$$' -fuzz "^$${f#*:}$$" -fuzztime 1x ./$${f%%:*} || exit 1; done
+	@$(call fuzz,1x)
 
 lint: deps gomod
 	@echo "== lint: gofmt, go vet, staticcheck"
@@ -123,6 +123,14 @@ NOCGO_PKGS := ./verbs/... ./rdmacm/... ./resolver/... ./internal/...
 FUZZ_TARGETS := verbs:FuzzValidate verbs:FuzzTimerEncoders rdmacm:FuzzDecodePrivateData \
 	rdmacm:FuzzReceivedPrivateData rdmacm:FuzzParseRemoteBuffer rdmacm/msg:FuzzDecodeFrame \
 	rdmacm/msg:FuzzParseHello oob:FuzzPeerLine
+# fuzz runs every target for $(1) executions, each command shown.
+fuzz = for f in $(FUZZ_TARGETS); do \
+	echo "go test -run '^\$$' -fuzz '^$${f\#*:}\$$' -fuzztime $(1) ./$${f%%:*}"; \
+	go test -run '^$$' -fuzz "^$${f\#*:}$$" -fuzztime $(1) ./$${f%%:*} || exit 1; done
+# build_only builds test binaries and runs none (-exec /bin/true), showing
+# only what is not "ok": go test -p 1 compiles one package at a time, so the
+# compiles go first, on both cores. Compiles are cached, links are not.
+build_only = go test -count=1 -exec /bin/true $(1) | { grep -v '^ok ' || true; }
 
 unit-tests: deps
 	@echo "== unit tests on the host (race detector; pure Go also without cgo)"
@@ -132,9 +140,7 @@ unit-tests: deps
 	@# Budgets in executions, not seconds: go1.26's fuzz coordinator can fail a
 	@# duration-bounded run with "context deadline exceeded" at the deadline
 	@# (go.dev/issue/75804, fixed in go1.27); a count has no deadline to race.
-	@for f in $(FUZZ_TARGETS); do \
-		echo "go test -run '^\$$' -fuzz '^$${f#*:}\$$' -fuzztime 100000x ./$${f%%:*}"; \
-		go test -run '^$$' -fuzz "^$${f#*:}$$" -fuzztime 100000x ./$${f%%:*} || exit 1; done
+	@$(call fuzz,100000x)
 
 prepare: $(RDMAVM)
 	@echo "== test bed: guest kernel, siw and initramfs (cached in $(RDMAGO_TESTBED_CACHE))"
@@ -142,15 +148,12 @@ prepare: $(RDMAVM)
 
 # One guest serves every package's test binary in turn (rdmavm session): a
 # boot costs about 7 s under emulation, and there are some twenty binaries.
-# Their compiles first, on both cores and before the guest boots: go test
-# -p 1, which runs one test binary at a time in the guest, also compiles one
-# package at a time. -exec /bin/true builds each test binary and runs none;
-# the compiles are cached, the links are not (go test links again).
+# They are compiled before the guest boots (build_only).
 integration: prepare
 	@echo "== compiling the integration tests"
-	go test -race -count=1 -tags integration -exec /bin/true $(INTEGRATION_PKGS) | { grep -v '^ok ' || true; }
-	cd $(APPS) && go test -race -count=1 -tags integration -exec /bin/true ./... | { grep -v '^ok ' || true; }
-	GOEXPERIMENT=cgocheck2 go test -count=1 -tags integration -exec /bin/true ./verbs | { grep -v '^ok ' || true; }
+	$(call build_only,-race -tags integration $(INTEGRATION_PKGS))
+	cd $(APPS) && $(call build_only,-race -tags integration ./...)
+	GOEXPERIMENT=cgocheck2 $(call build_only,-tags integration ./verbs)
 	@echo "== integration tests inside a guest with rxe and siw (one guest for all, each package in a fresh process)"
 	$(RDMAVM) session $(MAKE) --no-print-directory integration-in-guest
 
@@ -162,7 +165,7 @@ integration-in-guest:
 	GOEXPERIMENT=cgocheck2 go test -count=1 -tags integration -exec "$(RDMAVM) exec" ./verbs
 
 testbed: prepare
-	go test -count=1 -tags testbed -exec /bin/true $(TESTBED_PKGS) | { grep -v '^ok ' || true; }
+	$(call build_only,-tags testbed $(TESTBED_PKGS))
 	@echo "== tests that boot guests from the host (two RoCE hosts, faults)"
 	go test -p 1 -count=1 -v -tags testbed -run . $(TESTBED_PKGS)
 

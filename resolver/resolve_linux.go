@@ -53,13 +53,7 @@ func pathMTU(kind verbs.Kind, netdevMTU int, active verbs.MTU) (verbs.MTU, strin
 		}
 		// Not read (sysfs): datagram mode's netdev MTU is the IB MTU
 		// less 4 bytes; connected mode's exceeds every IB MTU.
-		mtu := verbs.MTU(0)
-		for m := verbs.MTU256; m <= verbs.MTU4096; m++ {
-			if m.Bytes() <= netdevMTU+4 {
-				mtu = m
-			}
-		}
-		return mtu, fmt.Sprintf("InfiniBand, port active MTU not read: the largest IB MTU that IPoIB's netdev MTU %d "+
+		return verbs.MTUAtMost(netdevMTU + 4), fmt.Sprintf("InfiniBand, port active MTU not read: the largest IB MTU that IPoIB's netdev MTU %d "+
 			"and its 4-byte header allow", netdevMTU)
 	}
 	room := verbs.MTUForNetdev(netdevMTU)

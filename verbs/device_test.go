@@ -47,6 +47,10 @@ func TestMTU(t *testing.T) {
 	_, err := MTUFromBytes(1500)
 	assert.ErrorContains(t, err, "1500 bytes is not a path MTU")
 
+	for n, want := range map[int]MTU{255: 0, 256: MTU256, 2044: MTU1024, 2048: MTU2048, 65520: MTU4096} {
+		assert.Equal(t, want, MTUAtMost(n), "%d bytes", n)
+	}
+
 	// In JSON (oob's lines), an MTU is a whole number of bytes.
 	var m MTU
 	require.NoError(t, m.UnmarshalJSON([]byte("2048")))

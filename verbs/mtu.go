@@ -54,10 +54,15 @@ const roceHeaderOverhead = 40 + 8 + 12 + 4 + 28 + 4
 // with the given MTU: 1500 gives 1024, 9000 gives 4096. It returns 0 when even
 // 256 bytes do not fit.
 func MTUForNetdev(netdevMTU int) MTU {
-	payload := netdevMTU - roceHeaderOverhead
+	return MTUAtMost(netdevMTU - roceHeaderOverhead)
+}
+
+// MTUAtMost returns the largest path MTU of at most n bytes: 2044 gives
+// 1024, 4096 and more give 4096, and less than 256 gives 0.
+func MTUAtMost(n int) MTU {
 	best := MTU(0)
 	for m := MTU256; m <= MTU4096; m++ {
-		if m.Bytes() <= payload {
+		if m.Bytes() <= n {
 			best = m
 		}
 	}
