@@ -4,7 +4,9 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"runtime"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -38,4 +40,18 @@ func TestCountersCountAllocations(t *testing.T) {
 	assert.GreaterOrEqual(t, p.Allocs, 1.0, "each op made a heap allocation")
 	assert.Less(t, p.Allocs, 2.0)
 	assert.Zero(t, p.CgoCalls, "no op crossed into C")
+}
+
+func TestCountersCountCPUTime(t *testing.T) {
+	c := Count()
+	// Spin for 20 ms of this process's CPU time: the count must show it
+	// per op, and never more than the wall time the ops took.
+	start := time.Now()
+	for cpuSeconds()-c.CPU < 0.02 {
+	}
+	wall := time.Since(start)
+	p := c.Since(10)
+	assert.GreaterOrEqual(t, p.CPUUs, 2000.0, "10 ops over 20 ms of CPU: at least 2 ms each")
+	assert.LessOrEqual(t, p.CPUUs, float64(wall.Microseconds())/10*float64(runtime.NumCPU())+1000)
+	assert.GreaterOrEqual(t, p.IdleUs, 0.0, "the machine's idle time only grows")
 }
