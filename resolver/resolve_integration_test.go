@@ -123,16 +123,34 @@ func TestResolveWithoutSource(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, active, p.GIDIndex, "no source, %s:\n%s", dst, p.Explain())
 
-		// The wildcard (a listener's bind address, passed on) is no source.
+		// The wildcard (a listener's bind address, passed on) binds no
+		// address, but it is a source: the kernel CM binds it as given.
 		wild := netip.IPv4Unspecified()
 		if d.Is6() {
 			wild = netip.IPv6Unspecified()
 		}
 		wp, err := resolver.Resolve(context.Background(), d, resolver.Options{Source: wild})
+		if d.IsLinkLocalUnicast() {
+			// The kernel CM drops the zone for the wildcard: Resolve
+			// refuses rather than name a netdev the zone did not.
+			assert.ErrorIs(t, err, resolver.ErrNoRoute, "source %v, %s", wild, dst)
+			continue
+		}
 		require.NoError(t, err, "source %v, %s", wild, dst)
-		assert.Equal(t, p.GIDIndex, wp.GIDIndex, "source %v, %s:\n%s", wild, dst, wp.Explain())
+		wildActive, _, err := cmprobe.SGIDIndexes(wild, d, uint16(7710+i), 5*time.Second)
+		require.NoError(t, err)
+		assert.Equal(t, wildActive, wp.GIDIndex, "source %v, %s:\n%s", wild, dst, wp.Explain())
 		assert.Equal(t, p.Source, wp.Source, "source %v, %s", wild, dst)
 	}
+
+	// What the refusal stands for: from the wildcard, the kernel CM's path
+	// to the VLAN's link-local address leaves by the base netdev (the first
+	// to hold that value), and the listener bound to the VLAN refuses it.
+	vlanLL := netip.MustParseAddr(rxe.IPv6LinkLocal + "%" + rxe.VLAN.Netdev)
+	_, _, err := cmprobe.SGIDIndexes(netip.IPv6Unspecified(), vlanLL, 7720, 5*time.Second)
+	assert.ErrorContains(t, err, "REJECTED", "the kernel CM ignored the zone %s", rxe.VLAN.Netdev)
+	_, _, err = cmprobe.SGIDIndexes(netip.Addr{}, vlanLL, 7721, 5*time.Second)
+	assert.NoError(t, err, "with no source, the kernel CM takes the zone")
 
 	p, err := resolver.Resolve(context.Background(), netip.MustParseAddr(rxe.IPv4), resolver.Options{})
 	require.NoError(t, err)

@@ -104,6 +104,17 @@ func resolve(ctx context.Context, dst netip.Addr, opts Options) (*Path, error) {
 		// A wildcard (a listener's bind address, say) names a family
 		// but no address: the kernel CM binds the id to no netdev for
 		// it (cma_any_addr) and takes the route's source, as we do.
+		// But it is a source: the destination's scope, which the kernel
+		// copies into an id bound to nothing (cma_bind_addr), is not
+		// copied into one bound to the wildcard, and the route to a
+		// link-local destination would leave by whichever netdev the
+		// routing table names first.
+		if z := dst.Zone(); z != "" && dst.IsLinkLocalUnicast() && opts.Interface == "" {
+			return fail(fmt.Errorf("resolver: %v from source %v: %w: the kernel CM binds the wildcard as given and then "+
+				"ignores the destination's zone (cma_bind_addr takes the scope only when no source is given), so the path "+
+				"would leave by whichever netdev the routing table names first, not necessarily %s; give no source, or "+
+				"a link-local source with its zone (fe80::…%%%s)", dst, s, ErrNoRoute, z, z))
+		}
 		p.note("source %v: the wildcard, which names no address; the route's source is taken", s)
 		opts.Source = netip.Addr{}
 	}
