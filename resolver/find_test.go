@@ -62,10 +62,13 @@ func TestResolveHostFamily(t *testing.T) {
 	_, err = Resolve(t.Context(), netip.MustParseAddr("fd00::1"), Options{Source: netip.MustParseAddr("::ffff:10.0.0.2")})
 	assert.ErrorContains(t, err, "source 10.0.0.2 and destination fd00::1 are of different families",
 		"an IPv4-mapped source is IPv4")
-	_, err = Resolve(t.Context(), netip.MustParseAddr("fe80::1%lo"), Options{Source: netip.IPv6Unspecified()})
-	assert.ErrorIs(t, err, ErrNoRoute, "the kernel CM drops the zone of a link-local destination for a wildcard source")
-	assert.ErrorContains(t, err, "ignores the destination's zone")
-	assert.ErrorContains(t, err, "give no source")
+	// A zone on the wildcard binds nothing: it is the wildcard still.
+	_, err = Resolve(t.Context(), netip.MustParseAddr("fd00::1"), Options{Source: netip.MustParseAddr("::%lo"),
+		Table: &Table{}})
+	var re *ResolveError
+	require.ErrorAs(t, err, &re)
+	assert.Contains(t, re.Path.Explain(), "source ::%lo: the wildcard")
+	assert.NotContains(t, re.Path.Explain(), "binds the path to lo")
 	_, err = Resolve(t.Context(), netip.MustParseAddr("fd00::1"), Options{Source: netip.IPv4Unspecified()})
 	assert.ErrorContains(t, err, "source 0.0.0.0 and destination fd00::1 are of different families",
 		"the wildcard has a family too")

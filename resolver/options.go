@@ -12,9 +12,9 @@ type Options struct {
 	// source binds the path to the netdev that holds it (a link-local
 	// one's zone names it): the route is looked up out of that netdev, and
 	// the GID entry is that netdev's. The wildcard (0.0.0.0, ::) binds no
-	// netdev and the route's source is taken, but, as in the kernel CM,
-	// a link-local destination's zone is then not used: Resolve refuses
-	// that pair rather than guess the netdev.
+	// netdev and the route's source is taken; but, as in the kernel CM, a
+	// link-local destination's zone is then not used: the route is looked
+	// up without it, and Resolve fails if it leaves by another netdev.
 	Source netip.Addr
 	// Interface makes the route leave by this netdev.
 	Interface string

@@ -64,6 +64,18 @@ func pathMTU(kind verbs.Kind, netdevMTU int, active verbs.MTU) (verbs.MTU, strin
 	return mtu, fmt.Sprintf("netdev MTU %d leaves room for %v, port active MTU %v", netdevMTU, room, mtuText(active))
 }
 
+// sourceText is the source for an error: the wildcard given, if it was
+// one (the source is then cleared), or none.
+func sourceText(source, wildcard netip.Addr) string {
+	switch {
+	case wildcard.IsValid():
+		return wildcard.String()
+	case source.IsValid():
+		return source.String()
+	}
+	return "none"
+}
+
 // pickAddr takes the first of a lookup's addresses, or, given a source (a
 // wildcard too), the first of the source's family, as a dialer would: the
 // lookup's first answer may be of the other.
@@ -100,23 +112,27 @@ func resolve(ctx context.Context, dst netip.Addr, opts Options) (*Path, error) {
 		return fail(fmt.Errorf("resolver: source %v and destination %v are of different families; "+
 			"the kernel CM refuses the pair with EINVAL", s, dst))
 	}
-	if s := opts.Source; s.IsValid() && s.IsUnspecified() {
-		// A wildcard (a listener's bind address, say) names a family
-		// but no address: the kernel CM binds the id to no netdev for
-		// it (cma_any_addr) and takes the route's source, as we do.
-		// But it is a source: the destination's scope, which the kernel
-		// copies into an id bound to nothing (cma_bind_addr), is not
-		// copied into one bound to the wildcard, and the route to a
-		// link-local destination would leave by whichever netdev the
-		// routing table names first.
-		if z := dst.Zone(); z != "" && dst.IsLinkLocalUnicast() && opts.Interface == "" {
-			return fail(fmt.Errorf("resolver: %v from source %v: %w: the kernel CM binds the wildcard as given and then "+
-				"ignores the destination's zone (cma_bind_addr takes the scope only when no source is given), so the path "+
-				"would leave by whichever netdev the routing table names first, not necessarily %s; give no source, or "+
-				"a link-local source with its zone (fe80::…%%%s)", dst, s, ErrNoRoute, z, z))
-		}
+	// A wildcard (a listener's bind address, say) names a family but no
+	// address: the kernel CM binds the id to no netdev for it (cma_any_addr)
+	// and takes the route's source, as we do. A zone on it is ignored (only
+	// a link-local source's scope binds). But it is a source: the
+	// destination's scope, which the kernel copies into an id given no
+	// source (cma_bind_addr), is not copied into one bound to the wildcard,
+	// so a link-local destination's route is looked up with no netdev, and
+	// its zone counts only if that route happens to leave by it (checked
+	// below).
+	wildcard, wildZone := opts.Source, ""
+	if s := opts.Source; s.IsValid() && s.WithZone("").IsUnspecified() {
 		p.note("source %v: the wildcard, which names no address; the route's source is taken", s)
+		if z := dst.Zone(); z != "" && dst.IsLinkLocalUnicast() {
+			wildZone = z
+			dst = dst.WithZone("")
+			p.note("zone %q of %v: not used, as the kernel CM takes a destination's scope only when no source is given "+
+				"(cma_bind_addr): the route is looked up without it", wildZone, dst)
+		}
 		opts.Source = netip.Addr{}
+	} else {
+		wildcard = netip.Addr{}
 	}
 	if err := ctx.Err(); err != nil {
 		return fail(err)
@@ -177,14 +193,14 @@ func resolve(ctx context.Context, dst netip.Addr, opts Options) (*Path, error) {
 				z, dst.WithZone(""))
 		}
 	}
-	if dst.Is6() && dst.IsLinkLocalUnicast() && ro.Oif == "" {
+	if dst.Is6() && dst.IsLinkLocalUnicast() && ro.Oif == "" && wildZone == "" {
 		return fail(fmt.Errorf("resolver: %v: %w: a link-local destination needs its zone (%v%%netdev) or Options.Interface",
 			dst, ErrNoRoute, dst))
 	}
 	routes, err := netlink.RouteGetWithOptions(net.IP(dst.WithZone("").AsSlice()), ro)
 	if err != nil || len(routes) == 0 {
 		return fail(fmt.Errorf("resolver: %v (source %v, interface %q): %w: %v; check 'ip route get %v'",
-			dst, opts.Source, opts.Interface, ErrNoRoute, err, dst.WithZone("")))
+			dst, sourceText(opts.Source, wildcard), opts.Interface, ErrNoRoute, err, dst.WithZone("")))
 	}
 	r := routes[0]
 	link, err := netlink.LinkByIndex(r.LinkIndex)
@@ -208,11 +224,10 @@ func resolve(ctx context.Context, dst netip.Addr, opts Options) (*Path, error) {
 			p.note("source %v: given", src)
 		}
 	} else if a, ok := netip.AddrFromSlice(r.Src); ok {
+		// A link-local one takes the egress netdev's name as its zone
+		// below: the destination's zone, unless Options.Interface sent
+		// the route elsewhere.
 		src = a.Unmap()
-		if z := dst.Zone(); z != "" && src.IsLinkLocalUnicast() {
-			// As the kernel CM binds an unbound id to the destination's scope.
-			src = src.WithZone(z)
-		}
 		p.note("source %v: the route's preferred source", src)
 	}
 	if link.Attrs().Flags&net.FlagLoopback != 0 {
@@ -232,6 +247,18 @@ func resolve(ctx context.Context, dst netip.Addr, opts Options) (*Path, error) {
 		if !src.IsValid() {
 			src = dst.WithZone("")
 		}
+	}
+	if wildZone != "" {
+		if name := link.Attrs().Name; name != wildZone {
+			by := "the route it looks up without the zone leaves by " + name
+			if opts.Interface != "" {
+				by = "Options.Interface sends the route by " + name
+			}
+			return fail(fmt.Errorf("resolver: %v%%%s from source %v: %w by %s: the kernel CM does not use the destination's "+
+				"zone for a wildcard source (cma_bind_addr takes a scope only when no source is given), and %s; give no "+
+				"source, or a link-local source of %s with its zone", dst, wildZone, wildcard, ErrNoRoute, wildZone, by, wildZone))
+		}
+		p.note("the route leaves by %s, the zone's netdev, all the same", wildZone)
 	}
 	if !src.IsValid() {
 		if src, err = pickSource(link, dst); err != nil {
