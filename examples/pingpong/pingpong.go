@@ -403,7 +403,8 @@ type latencyRow struct {
 	P90us float64 `json:"p90_us"`
 	P99us float64 `json:"p99_us"`
 	MaxUs float64 `json:"max_us"`
-	// The client's cgo crossings and allocations per round trip.
+	// The client's cgo crossings, allocations and CPU time, and the
+	// machine's idle time, per round trip.
 	profile.PerOp
 }
 

@@ -91,8 +91,8 @@ type result struct {
 	P99Us   float64 `json:"half_rtt_p99_us,omitempty"`
 	// Registered is the memory one connection registered with its device.
 	Registered int `json:"registered_per_conn,omitempty"`
-	// The client's cgo crossings and allocations per round trip (lat),
-	// message (rate) or write (bw).
+	// The client's cgo crossings, allocations and CPU time, and the
+	// machine's idle time, per round trip (lat), message (rate) or write (bw).
 	profile.PerOp
 }
 

@@ -2,55 +2,90 @@ package profile
 
 import (
 	"bytes"
-	"os"
 	"runtime"
-	"strconv"
+	"sync"
 
 	"golang.org/x/sys/unix"
 )
 
-// Counters are the process's counts that need no clock: exact on any
-// machine, so that a benchmark can say per operation how many crossings
-// into C and how many heap allocations its figure paid for. Idle is the
-// exception: the machine's idle time, which in the test bed's cost model
-// (where an idle CPU's clock jumps to its next timer) is time that no
-// instruction paid for, so a figure's wait for a timer shows there.
+// Counters are the process's counts that a benchmark divides by its
+// operations: cgo crossings and heap allocations (exact on any machine),
+// the process's CPU time, and the machine's idle time. In the test bed's
+// cost model, where an idle CPU's clock jumps to its next timer, idle time
+// is time that no instruction paid for: a figure that waits on a timer
+// shows there.
 type Counters struct {
 	CgoCalls int64
 	Allocs   uint64
-	Idle     float64 // seconds, summed over CPUs; -1 where /proc/uptime cannot be read
+	Idle     float64 // seconds summed over CPUs, at /proc/uptime's 10 ms; -1 where it cannot be read
 	CPU      float64 // this process's CPU time (all threads, user and kernel), seconds; -1 if unknown
 }
 
 // Count reads the counters now. It stops the world (as testing's
 // AllocsPerRun does) for an exact count: runtime/metrics counts small
-// allocations only as each P's cache is refilled. Call it outside timed
-// code.
+// allocations only as each P's cache is refilled. The clocks are read
+// without allocating, so that counting adds nothing to the allocations
+// counted. Call it outside timed code.
 func Count() Counters {
+	idle, cpu := idleSeconds(), cpuSeconds()
 	var m runtime.MemStats
 	runtime.ReadMemStats(&m)
-	return Counters{CgoCalls: runtime.NumCgoCall(), Allocs: m.Mallocs, Idle: idleSeconds(), CPU: cpuSeconds()}
+	return Counters{CgoCalls: runtime.NumCgoCall(), Allocs: m.Mallocs, Idle: idle, CPU: cpu}
 }
 
-// idleSeconds is the second field of /proc/uptime.
+// uptime is /proc/uptime, opened by the first read and kept: reading it
+// again (pread) then allocates nothing.
+var uptime = sync.OnceValue(func() int {
+	fd, err := unix.Open("/proc/uptime", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1
+	}
+	return fd
+})
+
+// idleSeconds is the second field of /proc/uptime ("12.34 56.78"), read
+// into a buffer on the stack and parsed without allocating.
 func idleSeconds() float64 {
-	b, err := os.ReadFile("/proc/uptime")
-	if err != nil {
+	fd := uptime()
+	if fd < 0 {
 		return -1
 	}
-	f := bytes.Fields(b)
-	if len(f) < 2 {
+	var buf [128]byte
+	n, err := unix.Pread(fd, buf[:], 0)
+	if err != nil || n <= 0 {
 		return -1
 	}
-	s, err := strconv.ParseFloat(string(f[1]), 64)
-	if err != nil {
+	b := buf[:n]
+	sp := bytes.IndexByte(b, ' ')
+	if sp < 0 {
 		return -1
 	}
-	return s
+	return parseSeconds(bytes.TrimSpace(b[sp+1:]))
 }
 
-// cpuSeconds is the process's CPU time, from the kernel's exact
-// accounting (not the tick-sampled getrusage).
+// parseSeconds parses "123.45" (digits, an optional fraction), or -1.
+func parseSeconds(b []byte) float64 {
+	v, scale, frac := 0.0, 1.0, false
+	if len(b) == 0 {
+		return -1
+	}
+	for _, c := range b {
+		switch {
+		case c == '.' && !frac:
+			frac = true
+		case c >= '0' && c <= '9':
+			v = v*10 + float64(c-'0')
+			if frac {
+				scale *= 10
+			}
+		default:
+			return -1
+		}
+	}
+	return v / scale
+}
+
+// cpuSeconds is the process's CPU time, as the kernel accounts it.
 func cpuSeconds() float64 {
 	var ts unix.Timespec
 	if err := unix.ClockGettime(unix.CLOCK_PROCESS_CPUTIME_ID, &ts); err != nil {
@@ -59,19 +94,20 @@ func cpuSeconds() float64 {
 	return float64(ts.Nano()) / 1e9
 }
 
-// PerOp is what happened since c, divided by ops.
+// PerOp is what happened since c, divided by ops. IdleUs and CPUUs are -1
+// where their clock could not be read.
 type PerOp struct {
 	CgoCalls float64 `json:"cgo_calls_per_op"`
 	Allocs   float64 `json:"allocs_per_op"`
-	IdleUs   float64 `json:"idle_us_per_op,omitempty"` // machine idle time, µs per op
-	CPUUs    float64 `json:"cpu_us_per_op,omitempty"`  // this process's CPU time, µs per op
+	IdleUs   float64 `json:"idle_us_per_op"` // the machine's idle time, µs per op
+	CPUUs    float64 `json:"cpu_us_per_op"`  // this process's CPU time, µs per op
 }
 
 // Since returns the counts since c per op (zero ops count as one).
 func (c Counters) Since(ops int) PerOp {
 	now := Count()
 	n := float64(max(ops, 1))
-	p := PerOp{CgoCalls: float64(now.CgoCalls-c.CgoCalls) / n, Allocs: float64(now.Allocs-c.Allocs) / n}
+	p := PerOp{CgoCalls: float64(now.CgoCalls-c.CgoCalls) / n, Allocs: float64(now.Allocs-c.Allocs) / n, IdleUs: -1, CPUUs: -1}
 	if c.Idle >= 0 && now.Idle >= 0 {
 		p.IdleUs = (now.Idle - c.Idle) * 1e6 / n
 	}
