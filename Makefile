@@ -44,21 +44,22 @@ FORCE:
 # run after the guests' from a warm cache. Either side failing fails make
 # test (-k: a guest's failure still runs the host's tests); the background's
 # output comes last. Both sides run in the background of this recipe's
-# shell, each in a session of its own, and a TERM stops both process groups
-# at once: make passes a TERM to a recipe's shell only, not to the go test in
-# a pipeline under it. Where the kernel groups a session's tasks for
-# scheduling (autogroup), the checks' group's nice is set as well, since nice
-# alone would then weigh only within the group and the checks would take
-# half of the CPU.
+# shell, each in a session of its own, and a HUP, INT or TERM to the shell
+# stops both process groups: make passes a TERM to a recipe's shell only,
+# not to the go test in a pipeline under it. (A KILL reaches neither side:
+# they are no longer in make's process group.) Where the kernel groups a
+# session's tasks for scheduling (autogroup), the checks' group's nice is set
+# as well, since nice alone would then weigh only within the group and the
+# checks would take half of the CPU.
 HOST_CHECKS_LOG := $(CURDIR)/bin/host-checks.log
 test: prepare
 	@mkdir -p bin; rm -f $(HOST_CHECKS_LOG); \
 	echo "== beside the guests' tests, at nice 19: lint, one API, the oldest Go's build (their output comes last)"; \
 	setsid -w sh -c '{ echo 19 > /proc/self/autogroup; } 2>/dev/null; exec nice -n 19 "$$@"' sh \
 		$(MAKE) --no-print-directory DEPS_DONE=1 host-checks > $(HOST_CHECKS_LOG) 2>&1 & checks=$$!; \
-	setsid $(MAKE) --no-print-directory -k DEPS_DONE=1 integration testbed unit-tests mingo-tests & tests=$$!; \
+	setsid -w $(MAKE) --no-print-directory -k DEPS_DONE=1 integration testbed unit-tests mingo-tests & tests=$$!; \
 	trap 'kill -- -$$checks 2>/dev/null || true' EXIT; \
-	trap 'kill -- -$$tests 2>/dev/null || true; wait $$tests || true; exit 143' INT TERM; \
+	trap 'kill -- -$$tests 2>/dev/null || true; wait $$tests || true; exit 143' HUP INT TERM; \
 	status=0; wait $$tests || status=$$?; \
 	checks_status=0; wait $$checks || checks_status=$$?; \
 	echo "== run beside the guests' tests: lint, one API, the oldest Go's build, the host tests' compiles"; \
