@@ -481,7 +481,8 @@ func openPair(t *testing.T, d device, cfg *Config) (client, server *Conn) {
 }
 
 // commandOutput is what a diagnostic command printed, or why it could not
-// run; bounded, so that a wedged CM cannot hang the failing test.
+// run. It is killed after 10 s (one stuck in the kernel would still hold
+// the failing test until it returns).
 func commandOutput(name string, args ...string) string {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
