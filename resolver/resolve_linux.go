@@ -254,7 +254,7 @@ func resolve(ctx context.Context, dst netip.Addr, opts Options) (*Path, error) {
 			if opts.Interface != "" {
 				by = "Options.Interface sends the route by " + name
 			}
-			return fail(fmt.Errorf("resolver: %v%%%s from source %v: %w by %s: the kernel CM does not use the destination's "+
+			return fail(fmt.Errorf("resolver: %v%%%s from source %q: %w by %s: the kernel CM does not use the destination's "+
 				"zone for a wildcard source (cma_bind_addr takes a scope only when no source is given), and %s; give no "+
 				"source, or a link-local source of %s with its zone", dst, wildZone, wildcard, ErrNoRoute, wildZone, by, wildZone))
 		}
