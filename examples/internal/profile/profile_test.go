@@ -63,6 +63,16 @@ func TestCountingAllocatesNothing(t *testing.T) {
 	assert.Zero(t, p.Allocs, "reading the counters allocated, inside the window counted")
 }
 
+func TestCountingKeepsNoDescriptor(t *testing.T) {
+	Count()
+	fds, err := os.ReadDir("/proc/self/fd")
+	require.NoError(t, err)
+	for _, fd := range fds {
+		target, _ := os.Readlink("/proc/self/fd/" + fd.Name())
+		assert.NotEqual(t, "/proc/uptime", target, "the tools' leak checks count descriptors")
+	}
+}
+
 func TestParseSeconds(t *testing.T) {
 	assert.Equal(t, 56.78, parseSeconds([]byte("56.78")))
 	assert.Equal(t, 3.0, parseSeconds([]byte("3")))
