@@ -168,7 +168,11 @@ func connect[C interface{ Close() error }](t *testing.T, accept, dial func(conte
 		accepted <- result{c, err}
 	}()
 	client, err := dial(ctx)
-	require.NoError(t, err)
+	if err != nil {
+		// siw has refused a dial to a live listener (status -111) once in a
+		// few runs: say what the CM and the TCP listeners looked like.
+		t.Fatalf("dial: %v\n%s", err, testbed.CMState())
+	}
 	r := <-accepted
 	require.NoError(t, r.err)
 	t.Cleanup(func() {

@@ -472,25 +472,11 @@ func openPair(t *testing.T, d device, cfg *Config) (client, server *Conn) {
 	if err != nil {
 		// Once (on a siw device the test had just made) the listener's
 		// TCP port refused the dial: say what listened then.
-		t.Fatalf("dial %s: %v\nthe CM's ids (rdma res show cm_id):\n%s\nTCP listeners (ss -tln):\n%s",
-			addr, err, commandOutput("rdma", "res", "show", "cm_id"), commandOutput("ss", "-tln"))
+		t.Fatalf("dial %s: %v\n%s", addr, err, testbed.CMState())
 	}
 	require.NoError(t, <-accepted)
 	t.Cleanup(func() { client.Close(); server.Close() })
 	return client, server
-}
-
-// commandOutput is what a diagnostic command printed, or why it could not
-// run. It is killed after 10 s (one stuck in the kernel would still hold
-// the failing test until it returns).
-func commandOutput(name string, args ...string) string {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	out, err := exec.CommandContext(ctx, name, args...).CombinedOutput()
-	if err != nil {
-		return fmt.Sprintf("%s%s: %v", out, name, err)
-	}
-	return string(out)
 }
 
 // firstLine keeps an error's first line for the table.
