@@ -64,16 +64,12 @@ func pathMTU(kind verbs.Kind, netdevMTU int, active verbs.MTU) (verbs.MTU, strin
 	return mtu, fmt.Sprintf("netdev MTU %d leaves room for %v, port active MTU %v", netdevMTU, room, mtuText(active))
 }
 
-// sourceText is the source for an error: the wildcard given, if it was
-// one (the source is then cleared), or none.
-func sourceText(source, wildcard netip.Addr) string {
-	switch {
-	case wildcard.IsValid():
-		return wildcard.String()
-	case source.IsValid():
-		return source.String()
+// sourceText is a source as given, for an error: "none" when none was.
+func sourceText(source netip.Addr) string {
+	if !source.IsValid() {
+		return "none"
 	}
-	return "none"
+	return source.String()
 }
 
 // pickAddr takes the first of a lookup's addresses, or, given a source (a
@@ -121,7 +117,7 @@ func resolve(ctx context.Context, dst netip.Addr, opts Options) (*Path, error) {
 	// so a link-local destination's route is looked up with no netdev, and
 	// its zone counts only if that route happens to leave by it (checked
 	// below).
-	wildcard, wildZone := opts.Source, ""
+	given, wildZone := opts.Source, ""
 	if s := opts.Source; s.IsValid() && s.WithZone("").IsUnspecified() {
 		p.note("source %v: the wildcard, which names no address; the route's source is taken", s)
 		if z := dst.Zone(); z != "" && dst.IsLinkLocalUnicast() {
@@ -131,8 +127,6 @@ func resolve(ctx context.Context, dst netip.Addr, opts Options) (*Path, error) {
 				"(cma_bind_addr): the route is looked up without it", wildZone, dst)
 		}
 		opts.Source = netip.Addr{}
-	} else {
-		wildcard = netip.Addr{}
 	}
 	if err := ctx.Err(); err != nil {
 		return fail(err)
@@ -200,7 +194,7 @@ func resolve(ctx context.Context, dst netip.Addr, opts Options) (*Path, error) {
 	routes, err := netlink.RouteGetWithOptions(net.IP(dst.WithZone("").AsSlice()), ro)
 	if err != nil || len(routes) == 0 {
 		return fail(fmt.Errorf("resolver: %v (source %v, interface %q): %w: %v; check 'ip route get %v'",
-			dst, sourceText(opts.Source, wildcard), opts.Interface, ErrNoRoute, err, dst.WithZone("")))
+			dst, sourceText(given), opts.Interface, ErrNoRoute, err, dst.WithZone("")))
 	}
 	r := routes[0]
 	link, err := netlink.LinkByIndex(r.LinkIndex)
@@ -256,7 +250,7 @@ func resolve(ctx context.Context, dst netip.Addr, opts Options) (*Path, error) {
 			}
 			return fail(fmt.Errorf("resolver: %v%%%s from source %q: %w by %s: the kernel CM does not use the destination's "+
 				"zone for a wildcard source (cma_bind_addr takes a scope only when no source is given), and %s; give no "+
-				"source, or a link-local source of %s with its zone", dst, wildZone, wildcard, ErrNoRoute, wildZone, by, wildZone))
+				"source, or a link-local source of %s with its zone", dst, wildZone, given, ErrNoRoute, wildZone, by, wildZone))
 		}
 		p.note("the route leaves by %s, the zone's netdev, all the same", wildZone)
 	}

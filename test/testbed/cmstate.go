@@ -4,25 +4,25 @@ import (
 	"context"
 	"fmt"
 	"os/exec"
-	"strings"
 	"time"
 )
 
+// ConnStateScript is a shell script that prints what a machine holds of
+// connections: the CM's ids with their states, and TCP's sockets (siw's
+// among them: iWARP runs over the kernel's TCP).
+const ConnStateScript = "rdma res show cm_id; ss -tanoi"
+
 // CMState is what a test that failed to connect should print, inside a
-// guest: the CM's ids (rdma res show cm_id), the TCP listeners (siw
-// listens with a kernel TCP socket), and the kernel log's last lines.
-// Each command is killed after 10 s; one stuck in the kernel would still
+// guest: ConnStateScript's output and the kernel log's last lines. The
+// shell is killed after 10 s; a command stuck in the kernel would still
 // hold the caller until it returns.
 func CMState() string {
-	var b strings.Builder
-	for _, c := range [][]string{{"rdma", "res", "show", "cm_id"}, {"ss", "-tln"}, {"sh", "-c", "dmesg | tail -n 20"}} {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		out, err := exec.CommandContext(ctx, c[0], c[1:]...).CombinedOutput()
-		cancel()
-		fmt.Fprintf(&b, "$ %s\n%s", strings.Join(c, " "), out)
-		if err != nil {
-			fmt.Fprintf(&b, "(%v)\n", err)
-		}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	script := ConnStateScript + "; dmesg | tail -n 20"
+	out, err := exec.CommandContext(ctx, "sh", "-c", script).CombinedOutput()
+	if err != nil {
+		return fmt.Sprintf("%s(%s: %v)", out, script, err)
 	}
-	return b.String()
+	return string(out)
 }

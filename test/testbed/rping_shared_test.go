@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/rdmago/rdmago/test/testbed"
 )
 
 // process is a started command: wait returns its combined output. Output is
@@ -96,7 +98,7 @@ func kernelTail(e endpoint) string {
 // connState is what e's machine holds of connections: the CM's ids with
 // their states, and TCP's sockets in e's namespace (iWARP's among them).
 func connState(e endpoint) string {
-	return shellOutput(e, e.netns, "rdma res show cm_id; ss -tanoi")
+	return shellOutput(e, e.netns, testbed.ConnStateScript)
 }
 
 // shellOutput runs script with sh on e's machine, in netns, and returns
