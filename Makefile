@@ -23,7 +23,7 @@ GO_MIN := $(shell awk '$$1 == "go" { v = $$2; if (v ~ /^[0-9]+\.[0-9]+$$/) v = v
 INTEGRATION_PKGS = $(shell grep -rl --include='*_test.go' '^//go:build.*\bintegration\b' . | grep -v '^./$(APPS)/' | xargs -r -n1 dirname | sort -u)
 TESTBED_PKGS = $(shell grep -rl --include='*_test.go' '^//go:build.*\btestbed\b' . | xargs -r -n1 dirname | sort -u)
 
-.PHONY: all deps test host-checks unit unit-tests lint gomod api mingo mingo-build mingo-tests integration integration-in-guest testbed prepare demo bench examples shell clean
+.PHONY: all deps test host-checks unit unit-tests fuzz lint gomod api mingo mingo-build mingo-tests integration integration-late-builds integration-in-guest testbed prepare demo bench examples shell clean
 
 all: test
 
@@ -40,8 +40,8 @@ FORCE:
 # timeouts, and the host's checks need no guest. So make test starts with the
 # guests, and beside them, at the lowest priority (nice 19, taking only what
 # the guests leave), runs what needs nothing of the tests' timing: lint, one
-# API, the oldest Go's build, and the compiles of the host's tests, which then
-# run after the guests' from a warm cache. Either side failing fails make
+# API, the oldest Go's build, the fuzzing, and the compiles of the host's
+# tests, which then run after the guests' from a warm cache. Either side failing fails make
 # test (-k: a guest's failure still runs the host's tests); the background's
 # output comes last. Both sides run in the background of this recipe's
 # shell, each in a session of its own, and a HUP, INT or TERM to the shell
@@ -54,28 +54,31 @@ FORCE:
 HOST_CHECKS_LOG := $(CURDIR)/bin/host-checks.log
 test: prepare
 	@mkdir -p bin; rm -f $(HOST_CHECKS_LOG); \
-	echo "== beside the guests' tests, at nice 19: lint, one API, the oldest Go's build (their output comes last)"; \
-	setsid -w sh -c '{ echo 19 > /proc/self/autogroup; } 2>/dev/null; exec nice -n 19 "$$@"' sh \
+	echo "== beside the guests' tests, at nice 19: lint, one API, the oldest Go's build, fuzzing (their output comes last)"; \
+	t0=$$(date +%s); \
+	setsid -w sh -c '{ echo 19 > /proc/self/autogroup; } 2>/dev/null; nice -n 19 "$$@"; s=$$?; \
+		echo "== these checks took $$(( $$(date +%s) - $$0 )) s"; exit $$s' $$t0 \
 		$(MAKE) --no-print-directory DEPS_DONE=1 host-checks > $(HOST_CHECKS_LOG) 2>&1 & checks=$$!; \
 	setsid -w $(MAKE) --no-print-directory -k DEPS_DONE=1 integration testbed unit-tests mingo-tests & tests=$$!; \
 	trap 'kill -- -$$checks 2>/dev/null || true' EXIT; \
 	trap 'kill -- -$$tests 2>/dev/null || true; wait $$tests || true; exit 143' HUP INT TERM; \
 	status=0; wait $$tests || status=$$?; \
+	echo "== the guests' side took $$(( $$(date +%s) - t0 )) s"; \
 	checks_status=0; wait $$checks || checks_status=$$?; \
-	echo "== run beside the guests' tests: lint, one API, the oldest Go's build, the host tests' compiles"; \
+	echo "== run beside the guests' tests: lint, one API, the oldest Go's build, the host tests' compiles, fuzzing"; \
 	cat $(HOST_CHECKS_LOG); \
 	if [ $$checks_status -ne 0 ]; then echo "those checks FAILED (exit status $$checks_status): see above"; fi; \
 	[ $$status -eq 0 ] && [ $$checks_status -eq 0 ]
 
-# The checks, then the compiles of the host's tests and fuzz targets, with
-# no test selected (TestMain still runs) and one fuzz execution (with the
-# seed corpus).
+# The checks, the compiles of the host's tests (no test selected; TestMain
+# still runs), and the fuzzing, whose budgets are counts of executions, not
+# time: none of it depends on how much CPU it gets.
 host-checks: lint mingo-build
 	@echo "== compiling the host's tests for later"
 	GOTOOLCHAIN=go$(GO_MIN) CGO_ENABLED=1 go test -count=1 -run '^$$' ./...
 	go test -race -count=1 -run '^$$' ./...
 	CGO_ENABLED=0 go test -count=1 -run '^$$' $(NOCGO_PKGS)
-	@$(call fuzz,1x)
+	@$(MAKE) --no-print-directory fuzz
 
 lint: deps gomod
 	@echo "== lint: gofmt, go vet, staticcheck"
@@ -116,7 +119,7 @@ mingo-build: deps
 	GOTOOLCHAIN=go$(GO_MIN) go vet -tags integration ./...
 	GOTOOLCHAIN=go$(GO_MIN) go vet -tags testbed ./...
 
-unit: lint mingo unit-tests
+unit: lint mingo unit-tests fuzz
 
 # Pure Go also builds and passes without cgo.
 NOCGO_PKGS := ./verbs/... ./rdmacm/... ./resolver/... ./internal/...
@@ -125,8 +128,8 @@ NOCGO_PKGS := ./verbs/... ./rdmacm/... ./resolver/... ./internal/...
 FUZZ_TARGETS := verbs:FuzzValidate verbs:FuzzTimerEncoders rdmacm:FuzzDecodePrivateData \
 	rdmacm:FuzzReceivedPrivateData rdmacm:FuzzParseRemoteBuffer rdmacm/msg:FuzzDecodeFrame \
 	rdmacm/msg:FuzzParseHello oob:FuzzPeerLine
-# fuzz runs every target for $(1) executions, each command shown.
-fuzz = for f in $(FUZZ_TARGETS); do \
+# fuzz_each runs every target for $(1) executions, each command shown.
+fuzz_each = for f in $(FUZZ_TARGETS); do \
 	echo "go test -run '^\$$' -fuzz '^$${f\#*:}\$$' -fuzztime $(1) ./$${f%%:*}"; \
 	go test -run '^$$' -fuzz "^$${f\#*:}$$" -fuzztime $(1) ./$${f%%:*} || exit 1; done
 # build_only builds test binaries and runs none (-exec /bin/true), showing
@@ -138,11 +141,13 @@ unit-tests: deps
 	@echo "== unit tests on the host (race detector; pure Go also without cgo)"
 	go test -race -count=1 ./...
 	CGO_ENABLED=0 go test -count=1 $(NOCGO_PKGS)
+
+fuzz: deps
 	@echo "== fuzzing, briefly"
 	@# Budgets in executions, not seconds: go1.26's fuzz coordinator can fail a
 	@# duration-bounded run with "context deadline exceeded" at the deadline
 	@# (go.dev/issue/75804, fixed in go1.27); a count has no deadline to race.
-	@$(call fuzz,100000x)
+	@$(call fuzz_each,100000x)
 
 prepare: $(RDMAVM)
 	@echo "== test bed: guest kernel, siw and initramfs (cached in $(RDMAGO_TESTBED_CACHE))"
@@ -151,13 +156,19 @@ prepare: $(RDMAVM)
 # One guest serves every package's test binary in turn (rdmavm session): a
 # boot costs about 7 s under emulation, and there are some twenty binaries.
 # They are compiled before the guest boots (build_only).
+# The apps' and the cgocheck2 build's tests, run last, compile meanwhile at
+# nice 19 (about 45 s from an empty build cache): their go test compiles
+# whatever that has not finished, and reports its errors.
 integration: prepare
 	@echo "== compiling the integration tests"
 	$(call build_only,-race -tags integration $(INTEGRATION_PKGS))
+	@echo "== integration tests inside a guest with rxe and siw (one guest for all, each package in a fresh process)"
+	nice -n 19 $(MAKE) --no-print-directory integration-late-builds >/dev/null 2>&1 & \
+	$(RDMAVM) session $(MAKE) --no-print-directory integration-in-guest
+
+integration-late-builds:
 	cd $(APPS) && $(call build_only,-race -tags integration ./...)
 	GOEXPERIMENT=cgocheck2 $(call build_only,-tags integration ./verbs)
-	@echo "== integration tests inside a guest with rxe and siw (one guest for all, each package in a fresh process)"
-	$(RDMAVM) session $(MAKE) --no-print-directory integration-in-guest
 
 integration-in-guest:
 	go test -p 1 -count=1 -race -v -tags integration -exec "$(RDMAVM) exec" $(INTEGRATION_PKGS)
