@@ -21,6 +21,104 @@ import (
 	"github.com/rdmago/rdmago/verbs"
 )
 
+// A Conn dropped without Close, on either side, is closed once the garbage
+// collector finds it unreachable, as an *os.File is: its peer receives what
+// was sent, then io.EOF, and nothing of it is left (checkNoLeaks: the QP,
+// the buffers, the goroutine). A Recv waiting on a Conn keeps it: a Conn
+// that only a waiting goroutine refers to is not closed under it.
+func TestDroppedConnIsClosed(t *testing.T) {
+	forEachDevice(t, func(t *testing.T, d device) {
+		checkNoLeaks(t)
+		ctx := ctxFor(t, 60*time.Second)
+		l, addr := listen(t, d, nil)
+		accept := func() *Conn {
+			type result struct {
+				c   *Conn
+				err error
+			}
+			accepted := make(chan result, 1)
+			go func() {
+				c, err := l.Accept(ctx)
+				accepted <- result{c, err}
+			}()
+			r := <-accepted
+			require.NoError(t, r.err)
+			return r.c
+		}
+		// collect runs the collector until the Recv on c returns.
+		recvCollecting := func(c *Conn) (*Message, error) {
+			stop := make(chan struct{})
+			defer close(stop)
+			go func() {
+				for {
+					select {
+					case <-stop:
+						return
+					case <-time.After(20 * time.Millisecond):
+						runtime.GC()
+					}
+				}
+			}()
+			return c.Recv(ctx)
+		}
+
+		// An accepted Conn, dropped after one message.
+		dialed := make(chan *Conn, 1)
+		go func() {
+			c, err := Dial(ctx, nil, addr, nil)
+			assert.NoError(t, err)
+			dialed <- c
+		}()
+		func() {
+			c := accept()
+			require.NoError(t, c.Send(ctx, []byte("sent, then dropped")))
+		}()
+		peer := <-dialed
+		require.NotNil(t, peer)
+		m, err := recvCollecting(peer)
+		require.NoError(t, err)
+		assert.Equal(t, "sent, then dropped", string(m.Bytes()))
+		m.Release()
+		_, err = recvCollecting(peer)
+		require.ErrorIs(t, err, io.EOF, "the dropped Conn's Close told its peer")
+		require.NoError(t, peer.Close())
+
+		// A dialed Conn that only a goroutine waiting in Recv refers to.
+		go func() {
+			c, err := Dial(ctx, nil, addr, nil)
+			assert.NoError(t, err)
+			dialed <- c
+		}()
+		peer = accept()
+		defer peer.Close()
+		got := make(chan error, 1)
+		func() {
+			c := <-dialed
+			require.NotNil(t, c)
+			go func() {
+				m, err := c.Recv(ctx)
+				if err == nil {
+					m.Release()
+				}
+				got <- err
+			}()
+		}()
+		for range 25 {
+			runtime.GC()
+			time.Sleep(20 * time.Millisecond)
+		}
+		select {
+		case err := <-got:
+			t.Fatalf("a Recv waiting on a Conn nothing else refers to returned: %v", err)
+		default:
+		}
+		require.NoError(t, peer.Send(ctx, []byte("wakes the Recv")))
+		require.NoError(t, <-got)
+		_, err = recvCollecting(peer)
+		require.ErrorIs(t, err, io.EOF, "the dropped Conn's Close told its peer")
+	})
+}
+
 // Messages held across Close stay readable and intact; Release after Close
 // is fine; the last release (or the garbage collector, for a message
 // dropped unreleased) frees the connection, and nothing leaks.

@@ -164,7 +164,93 @@ func postPool(s rdmacm.Setup, o *Config) (*verbs.MR, error) {
 // after a failure, and takes the receive completions for a Send waiting
 // for credit. Send posts from the caller's goroutine and, when the send
 // buffers run out, waits for the device's send completions itself.
+//
+// A Conn that becomes unreachable without Close is closed by the garbage
+// collector, as an *os.File is: its connection would otherwise keep its QP,
+// its registered memory and its goroutine for ever. When that happens is up
+// to the collector, so a program should Close what it is done with.
 type Conn struct {
+	*conn   // what the connection's goroutine and messages refer to: never the Conn
+	cleanup runtime.Cleanup
+}
+
+// wrap gives the application its handle on c.
+func wrap(c *conn) *Conn {
+	h := &Conn{conn: c}
+	h.cleanup = runtime.AddCleanup(h, closeDropped, c)
+	return h
+}
+
+// closeDropped closes the connection of a Conn dropped without Close, on a
+// goroutine of its own: cleanups run one at a time, and a Close may wait
+// for the peer up to Config.CloseTimeout.
+func closeDropped(c *conn) { go c.close() }
+
+// Send sends p as one message. It returns once p is copied into a send
+// buffer and posted: many messages may be in flight. When the peer has no
+// credit left for this side (its application holds that many messages) or
+// every send buffer is in flight, Send waits, until ctx ends; that is
+// backpressure, never an error. A ctx that has ended already sends
+// nothing. A message longer than MaxMessageSize fails with ErrTooLarge; on
+// a connection that ended, Send fails with the reason (rdmacm.ErrEnded,
+// ErrProtocol, ErrTransport). Once this side's Close has begun, Send, and a
+// Send waiting for credit, fail with ErrClosed, which also matches
+// net.ErrClosed; after CloseSend, with ErrSendClosed.
+func (c *Conn) Send(ctx context.Context, p []byte) error {
+	err := c.send(ctx, p)
+	runtime.KeepAlive(c)
+	return err
+}
+
+// CloseSend tells the peer that no more messages follow: its Recv returns
+// io.EOF once it has received the messages sent before. It needs no
+// credit, but may wait for a send buffer: until ctx ends, and at most
+// Config.CloseTimeout, as Close (a peer gone silent acknowledges none of
+// the messages in flight, and on iWARP TCP would retry for minutes). The
+// error then wraps context.DeadlineExceeded, and the end was not sent.
+// Receiving goes on.
+func (c *Conn) CloseSend(ctx context.Context) error {
+	err := c.closeSend(ctx)
+	runtime.KeepAlive(c)
+	return err
+}
+
+// Recv returns the next message, waiting for one until ctx ends (a ctx
+// that has ended already takes none). Release it when done. After the
+// peer's CloseSend (or Close) and the messages before it, Recv returns
+// io.EOF; on a connection that ended otherwise it fails with the reason
+// (rdmacm.ErrEnded, ErrProtocol, ErrTransport, ErrClosed), once the
+// messages that arrived before the end are taken.
+//
+// A Recv with nothing queued takes the receive completions itself, and
+// waits for them on Go's runtime poller: no other goroutine hands them
+// over.
+func (c *Conn) Recv(ctx context.Context) (*Message, error) {
+	m, err := c.recv(ctx)
+	runtime.KeepAlive(c) // a Recv waiting for a message keeps its Conn
+	return m, err
+}
+
+// Close ends the connection: it tells the peer no more messages follow
+// (its Recv returns io.EOF), waits for the messages in flight to reach it,
+// both within Config.CloseTimeout, and then disconnects and releases
+// everything: the QP, the buffers and the goroutine. Calls waiting in other
+// goroutines (a Send waiting for credit too) return errors that match
+// ErrClosed and net.ErrClosed, as do later calls.
+//
+// Messages that Recv returned and that are not released yet stay valid:
+// their Bytes are intact, and Release may still be called. The buffers and
+// the connection underneath (QP, protection domain) are then released with
+// the last of them, by its Release, or once the garbage collector finds
+// the last of them unreachable; Close's error does not cover that. Messages
+// that had arrived but that Recv had not returned are dropped.
+func (c *Conn) Close() error {
+	c.cleanup.Stop()
+	return c.close()
+}
+
+// conn is a Conn's connection.
+type conn struct {
 	rc            *rdmacm.Conn
 	qp            *verbs.QP
 	scq           *verbs.CQ
@@ -298,9 +384,9 @@ type Conn struct {
 
 const ctlID = 1 << 32
 
-func newConn(rc *rdmacm.Conn, o *Config, local, peer hello, pool, probe *verbs.MR, accepting bool) (*Conn, error) {
+func newConn(rc *rdmacm.Conn, o *Config, local, peer hello, pool, probe *verbs.MR, accepting bool) (*conn, error) {
 	max := min(int(local.maxMessage), int(peer.maxMessage))
-	c := &Conn{
+	c := &conn{
 		rc: rc, qp: rc.QP(), scq: rc.SendCQ(), local: rc.LocalAddr(), remote: rc.RemoteAddr(), max: max,
 		closeTimeout: o.CloseTimeout,
 		recvMR:       pool, recvSize: slotSize(o.MaxMessageSize), nRecv: o.creditBuffers() + replySlots,
@@ -366,12 +452,12 @@ func (c *Conn) RemoteAddr() netip.AddrPort { return c.remote }
 // Route is the path of the connection underneath (device, kind of RDMA, MTU).
 func (c *Conn) Route() rdmacm.Route { return c.rc.Route() }
 
-func (c *Conn) opError(op string, err error) error {
+func (c *conn) opError(op string, err error) error {
 	return &OpError{Op: op, Local: c.local, Remote: c.remote, Err: err}
 }
 
 // broadcastLocked wakes every waiter.
-func (c *Conn) broadcastLocked() {
+func (c *conn) broadcastLocked() {
 	if c.changedTaken {
 		close(c.changed)
 		c.changed = make(chan struct{})
@@ -380,14 +466,14 @@ func (c *Conn) broadcastLocked() {
 }
 
 // changedLocked is the channel a waiter waits on for the next change.
-func (c *Conn) changedLocked() <-chan struct{} {
+func (c *conn) changedLocked() <-chan struct{} {
 	c.changedTaken = true
 	return c.changed
 }
 
 // sendErrLocked is why nothing can be sent, or nil; byClose: the frame is
 // Close's own FIN.
-func (c *Conn) sendErrLocked(byClose bool) error {
+func (c *conn) sendErrLocked(byClose bool) error {
 	switch {
 	case c.closed, c.closing && !byClose:
 		return ErrClosed
@@ -403,31 +489,16 @@ func (c *Conn) sendErrLocked(byClose bool) error {
 	return nil
 }
 
-// Send sends p as one message. It returns once p is copied into a send
-// buffer and posted: many messages may be in flight. When the peer has no
-// credit left for this side (its application holds that many messages) or
-// every send buffer is in flight, Send waits, until ctx ends; that is
-// backpressure, never an error. A ctx that has ended already sends
-// nothing. A message longer than MaxMessageSize fails with ErrTooLarge; on
-// a connection that ended, Send fails with the reason (rdmacm.ErrEnded,
-// ErrProtocol, ErrTransport). Once this side's Close has begun, Send, and a
-// Send waiting for credit, fail with ErrClosed, which also matches
-// net.ErrClosed; after CloseSend, with ErrSendClosed.
-func (c *Conn) Send(ctx context.Context, p []byte) error {
+// send is Send's work.
+func (c *conn) send(ctx context.Context, p []byte) error {
 	if len(p) > c.max {
 		return c.opError("send", &kindError{ErrTooLarge, fmt.Errorf("a %d-byte message; the connection's maximum is %d", len(p), c.max)})
 	}
 	return c.sendFrame(ctx, nil, "send", frameData, p, false)
 }
 
-// CloseSend tells the peer that no more messages follow: its Recv returns
-// io.EOF once it has received the messages sent before. It needs no
-// credit, but may wait for a send buffer: until ctx ends, and at most
-// Config.CloseTimeout, as Close (a peer gone silent acknowledges none of
-// the messages in flight, and on iWARP TCP would retry for minutes). The
-// error then wraps context.DeadlineExceeded, and the end was not sent.
-// Receiving goes on.
-func (c *Conn) CloseSend(ctx context.Context) error {
+// closeSend is CloseSend's work.
+func (c *conn) closeSend(ctx context.Context) error {
 	limit, cancel := context.WithTimeout(ctx, c.closeTimeout)
 	defer cancel()
 	return c.sendFrame(ctx, limit, "close send", frameFin, nil, false)
@@ -436,7 +507,7 @@ func (c *Conn) CloseSend(ctx context.Context) error {
 // sendFrame sends a frame of type t, waiting for credit and a send buffer;
 // byClose: it is Close's FIN, which goes although Close has begun. The wait
 // for a send buffer ends with bufCtx too, if not nil (CloseSend's limit).
-func (c *Conn) sendFrame(ctx, bufCtx context.Context, op string, t frameType, p []byte, byClose bool) error {
+func (c *conn) sendFrame(ctx, bufCtx context.Context, op string, t frameType, p []byte, byClose bool) error {
 	if bufCtx == nil {
 		bufCtx = ctx
 	}
@@ -642,7 +713,7 @@ const unsignaledMin = 4096
 // postLocked writes the frame's header into the send buffer at off, where
 // its message already is, and posts it; signaled: it asks for a completion
 // of its own (control frames always do).
-func (c *Conn) postLocked(id uint64, off int, h header, signaled bool) error {
+func (c *conn) postLocked(id uint64, off int, h header, signaled bool) error {
 	h.put(c.sendMR.Bytes()[off : off+HeaderSize])
 	wr := verbs.SendWR{ID: id, Opcode: verbs.OpSend,
 		SGEs: []verbs.SGE{c.sendMR.SGE(off, HeaderSize+int(h.length))}}
@@ -680,7 +751,7 @@ func (c *Conn) postLocked(id uint64, off int, h header, signaled bool) error {
 // order; a flushed one completes even if it asked for no completion).
 // Their buffers wait for the peer's grant, unless the connection failed
 // (nothing will use them).
-func (c *Conn) completedLocked(seq uint64) {
+func (c *conn) completedLocked(seq uint64) {
 	n := 0
 	for ; n < len(c.unsignaled) && c.postSeq[c.unsignaled[n]] <= seq; n++ {
 		slot := c.unsignaled[n]
@@ -699,7 +770,7 @@ func (c *Conn) completedLocked(seq uint64) {
 
 // grantedLocked frees the buffers whose frames the peer's grant shows it
 // received.
-func (c *Conn) grantedLocked() {
+func (c *conn) grantedLocked() {
 	if len(c.awaitGrant) == 0 {
 		return
 	}
@@ -723,7 +794,7 @@ func (c *Conn) grantedLocked() {
 // reason. A full queue (ENOMEM) is no teardown and fails at once. The
 // error decides, not the QP's state: siw (Linux 6.1) leaves the state out
 // of its query.
-func (c *Conn) refusedLocked(err error) {
+func (c *conn) refusedLocked(err error) {
 	if c.failed != nil || c.refused != nil {
 		return
 	}
@@ -743,7 +814,7 @@ func (c *Conn) refusedLocked(err error) {
 // the wait ends sooner with ctx (nil: none) or this side's Close, and then
 // the refusal, or ErrClosed, is the answer. It is called and returns with
 // mu held.
-func (c *Conn) settledErrLocked(ctx context.Context) error {
+func (c *conn) settledErrLocked(ctx context.Context) error {
 	var done <-chan struct{}
 	if ctx != nil {
 		done = ctx.Done()
@@ -785,7 +856,7 @@ var errFlushed = &kindError{ErrTransport, errors.New("the receives were flushed:
 
 // failLocked records why the connection can no longer be used, once, and
 // has the connection's goroutine end it.
-func (c *Conn) failLocked(err error) {
+func (c *conn) failLocked(err error) {
 	if c.failed == nil {
 		c.failed = err
 		c.broadcastLocked()
@@ -796,7 +867,7 @@ func (c *Conn) failLocked(err error) {
 
 // reapLocked takes the send completions already there, if no one else is
 // polling the send CQ.
-func (c *Conn) reapLocked() {
+func (c *conn) reapLocked() {
 	if !c.scqMu.TryLock() {
 		return
 	}
@@ -823,7 +894,7 @@ func (c *Conn) reapLocked() {
 
 // reapWait waits for send completions and takes them, until ctx ends or
 // the connection is closed. The caller holds scqMu.
-func (c *Conn) reapWait(ctx context.Context) error {
+func (c *conn) reapWait(ctx context.Context) error {
 	c.mu.Lock()
 	closed := c.closed
 	// Another reaper may have taken every completion while the caller
@@ -862,7 +933,7 @@ func (c *Conn) reapWait(ctx context.Context) error {
 
 // sentLocked frees the buffers of completed sends. A failed one ends the
 // connection: the peer is gone or the path broke.
-func (c *Conn) sentLocked(wcs []verbs.WorkCompletion) {
+func (c *conn) sentLocked(wcs []verbs.WorkCompletion) {
 	for _, wc := range wcs {
 		if wc.ID == probeID {
 			c.probeDoneLocked(wc)
@@ -895,7 +966,7 @@ func (c *Conn) sentLocked(wcs []verbs.WorkCompletion) {
 // flushLocked posts the released receive buffers again and counts them in
 // the grant: all of them when force (a frame is about to carry the grant),
 // else when a batch has gathered or the peer is short of credits.
-func (c *Conn) flushLocked(force bool) {
+func (c *conn) flushLocked(force bool) {
 	n := len(c.released)
 	if n == 0 || c.closed || c.failed != nil || c.refused != nil {
 		return
@@ -921,7 +992,7 @@ func (c *Conn) flushLocked(force bool) {
 // Message is a received message, in the connection's registered receive
 // buffer: no copy was made. Release gives the buffer back.
 type Message struct {
-	c    *Conn
+	c    *conn
 	idx  int
 	b    []byte
 	done atomic.Bool
@@ -951,7 +1022,7 @@ func (m *Message) Release() {
 	m.c.release(m)
 }
 
-func (c *Conn) release(m *Message) {
+func (c *conn) release(m *Message) {
 	c.mu.Lock()
 	m.cleanup.Stop()
 	c.out--
@@ -976,7 +1047,7 @@ func (c *Conn) release(m *Message) {
 // without waiting. It reports false when one should go but every control
 // buffer is still in flight: waiting for one is the connection
 // goroutine's job (housekeep).
-func (c *Conn) sendCreditsLocked() bool {
+func (c *conn) sendCreditsLocked() bool {
 	for c.led.wantCredit() && c.led.canSendCredit() {
 		if c.closed || c.failed != nil || c.refused != nil || c.rc.Err() != nil {
 			return true
@@ -999,7 +1070,7 @@ func (c *Conn) sendCreditsLocked() bool {
 
 // wakeLocked has the connection's goroutine look for work (a CREDIT frame
 // to send).
-func (c *Conn) wakeLocked() {
+func (c *conn) wakeLocked() {
 	if c.wake != nil {
 		c.wake()
 	} else {
@@ -1007,17 +1078,8 @@ func (c *Conn) wakeLocked() {
 	}
 }
 
-// Recv returns the next message, waiting for one until ctx ends (a ctx
-// that has ended already takes none). Release it when done. After the
-// peer's CloseSend (or Close) and the messages before it, Recv returns
-// io.EOF; on a connection that ended otherwise it fails with the reason
-// (rdmacm.ErrEnded, ErrProtocol, ErrTransport, ErrClosed), once the
-// messages that arrived before the end are taken.
-//
-// A Recv with nothing queued takes the receive completions itself, and
-// waits for them on Go's runtime poller: no other goroutine hands them
-// over.
-func (c *Conn) Recv(ctx context.Context) (*Message, error) {
+// recv is Recv's work.
+func (c *conn) recv(ctx context.Context) (*Message, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, c.opError("receive", err)
 	}
@@ -1066,7 +1128,7 @@ func (c *Conn) Recv(ctx context.Context) (*Message, error) {
 // them, waits for it to be done. After a failure it only takes what is
 // there, without waiting, and sets rxDone when nothing is. It is called
 // and returns with mu held; its error is ctx's.
-func (c *Conn) receiveLocked(ctx, end context.Context) error {
+func (c *conn) receiveLocked(ctx, end context.Context) error {
 	c.recvSeen = true
 	if c.rxDone || !c.rcqMu.TryLock() {
 		if c.loopOnCQ {
@@ -1133,7 +1195,7 @@ func (c *Conn) receiveLocked(ctx, end context.Context) error {
 
 // tookLocked handles receive completions in the order they came. After a
 // failure, the end, or Close it takes no more.
-func (c *Conn) tookLocked(wcs []verbs.WorkCompletion) {
+func (c *conn) tookLocked(wcs []verbs.WorkCompletion) {
 	for i := range wcs {
 		if c.closed || c.rxDone {
 			return
@@ -1162,7 +1224,7 @@ func (c *Conn) tookLocked(wcs []verbs.WorkCompletion) {
 }
 
 // recvFailedLocked takes a receive that did not succeed: no more are taken.
-func (c *Conn) recvFailedLocked(wc verbs.WorkCompletion) {
+func (c *conn) recvFailedLocked(wc verbs.WorkCompletion) {
 	c.rxDone = true
 	switch wc.Status {
 	case verbs.WCLocLenErr, verbs.WCLocQPOpErr:
@@ -1229,7 +1291,7 @@ func (m *mergedWait) release() {
 // learns of the connection's end for the waits on the receive CQ, and,
 // until the application first receives, takes the receive completions
 // in the background.
-func (c *Conn) loop() {
+func (c *conn) loop() {
 	defer close(c.loopDone)
 	var ctx context.Context
 	cancel := context.CancelFunc(func() {})
@@ -1335,7 +1397,7 @@ func (c *Conn) loop() {
 // quit records err, unless the connection failed already, and ends the
 // connection, so that the peer learns of it. Recv reports the failure
 // once it has taken the messages that arrived before it.
-func (c *Conn) quit(err error) {
+func (c *conn) quit(err error) {
 	c.mu.Lock()
 	if err != nil {
 		c.failLocked(err)
@@ -1351,7 +1413,7 @@ func (c *Conn) quit(err error) {
 // flushedByEnd tells whether receives were flushed because the connection
 // ended (rdmacm moves the QP to the error state just before it reports the
 // end, and siw flushes at once) rather than because a send failed here.
-func (c *Conn) flushedByEnd() bool {
+func (c *conn) flushedByEnd() bool {
 	if c.rc.Err() != nil {
 		return true
 	}
@@ -1375,14 +1437,14 @@ func (c *Conn) flushedByEnd() bool {
 
 // disconnect ends the connection underneath after a failure, so that the
 // peer learns of it.
-func (c *Conn) disconnect() {
+func (c *conn) disconnect() {
 	ctx, cancel := context.WithTimeout(c.loopCtx, c.closeTimeout)
 	defer cancel()
 	c.rc.Disconnect(ctx)
 }
 
 // handleLocked checks one received frame and acts on it.
-func (c *Conn) handleLocked(wc verbs.WorkCompletion) error {
+func (c *conn) handleLocked(wc verbs.WorkCompletion) error {
 	if wc.ID >= uint64(c.nRecv) {
 		return fmt.Errorf("a receive completion for buffer %d, of %d (a receive posted outside this package?)", wc.ID, c.nRecv)
 	}
@@ -1436,7 +1498,7 @@ func (c *Conn) handleLocked(wc verbs.WorkCompletion) error {
 
 // housekeep posts released buffers and sends a CREDIT frame when the peer
 // should hear of them. It fails only when it cannot go on.
-func (c *Conn) housekeep() error {
+func (c *conn) housekeep() error {
 	c.mu.Lock()
 	for {
 		if c.closed || c.failed != nil || c.refused != nil || c.rc.Err() != nil {
@@ -1469,20 +1531,9 @@ func (c *Conn) housekeep() error {
 	}
 }
 
-// Close ends the connection: it tells the peer no more messages follow
-// (its Recv returns io.EOF), waits for the messages in flight to reach it,
-// both within Config.CloseTimeout, and then disconnects and releases
-// everything: the QP, the buffers and the goroutine. Calls waiting in other
-// goroutines (a Send waiting for credit too) return errors that match
-// ErrClosed and net.ErrClosed, as do later calls.
-//
-// Messages that Recv returned and that are not released yet stay valid:
-// their Bytes are intact, and Release may still be called. The buffers and
-// the connection underneath (QP, protection domain) are then released with
-// the last of them, by its Release, or once the garbage collector finds
-// the last of them unreachable; Close's error does not cover that. Messages
-// that had arrived but that Recv had not returned are dropped.
-func (c *Conn) Close() error {
+// close is Close's work, also for a Conn dropped without Close, and for
+// connections Accept never returned.
+func (c *conn) close() error {
 	c.closeOnce.Do(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), c.closeTimeout)
 		defer cancel()
@@ -1522,7 +1573,7 @@ func (c *Conn) Close() error {
 		// dropped: only they refer to the connection now.
 		for _, m := range c.msgs {
 			if m != nil && !m.done.Load() {
-				m.cleanup = runtime.AddCleanup(m, (*Conn).dropped, c)
+				m.cleanup = runtime.AddCleanup(m, (*conn).dropped, c)
 			}
 		}
 		c.msgs = nil
@@ -1541,7 +1592,7 @@ func (c *Conn) Close() error {
 
 // dropped is the cleanup of a Message held at Close that became
 // unreachable without Release.
-func (c *Conn) dropped() {
+func (c *conn) dropped() {
 	c.mu.Lock()
 	c.out--
 	last := c.lastLocked()
@@ -1556,7 +1607,7 @@ func (c *Conn) dropped() {
 
 // lastLocked reports whether the resources are to be released now: Close
 // is done and no message holds them. It reports true once.
-func (c *Conn) lastLocked() bool {
+func (c *conn) lastLocked() bool {
 	if !c.tornDown || c.out > 0 || c.copying > 0 || c.freed {
 		return false
 	}
@@ -1565,7 +1616,7 @@ func (c *Conn) lastLocked() bool {
 }
 
 // free releases the connection underneath and, with it, every buffer.
-func (c *Conn) free() error {
+func (c *conn) free() error {
 	defer close(c.freedCh)
 	c.scqMu.Lock()
 	defer c.scqMu.Unlock()
@@ -1582,7 +1633,7 @@ func (c *Conn) free() error {
 // comes after drain), and a silent peer completes nothing. drain then
 // watches what that reaper takes, and looks for the CQ again now and then,
 // as the reaper may stop without taking anything.
-func (c *Conn) drain(ctx context.Context) {
+func (c *conn) drain(ctx context.Context) {
 	for ctx.Err() == nil {
 		c.mu.Lock()
 		busy := c.inSQ > 0 || len(c.freeCtl) < replySlots

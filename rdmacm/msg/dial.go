@@ -80,10 +80,10 @@ func Dial(ctx context.Context, d *rdmacm.Dialer, address string, cfg *Config) (*
 		return fail(err)
 	}
 	if err := c.sendFrame(ctx, nil, "dial", frameHello, nil, false); err != nil {
-		c.Close()
+		c.close()
 		return nil, err
 	}
-	return c, nil
+	return wrap(c), nil
 }
 
 // checkConnConfig refuses what the transport cannot work with.
@@ -129,8 +129,16 @@ type Listener struct {
 
 // accepted is a handshake's outcome.
 type accepted struct {
-	c   *Conn
+	c   *conn
 	err error
+}
+
+// conn is what Accept returns for it.
+func (r accepted) conn() (*Conn, error) {
+	if r.err != nil {
+		return nil, r.err
+	}
+	return wrap(r.c), nil
 }
 
 // maxPending bounds the handshakes under way and the connections not yet
@@ -199,7 +207,7 @@ func (l *Listener) Close() error {
 			<-l.pending
 			if r.c != nil {
 				closing.Add(1)
-				go func() { defer closing.Done(); r.c.Close() }()
+				go func() { defer closing.Done(); r.c.close() }()
 			}
 		default:
 			return err
@@ -237,7 +245,7 @@ func (l *Listener) Accept(ctx context.Context) (*Conn, error) {
 	select {
 	case r := <-l.results:
 		<-l.pending
-		return r.c, r.err
+		return r.conn()
 	case <-ctx.Done():
 		return fail(ctx.Err())
 	case <-l.ctx.Done():
@@ -246,7 +254,7 @@ func (l *Listener) Accept(ctx context.Context) (*Conn, error) {
 		select {
 		case r := <-l.results:
 			<-l.pending
-			return r.c, r.err
+			return r.conn()
 		default:
 			return nil, l.err
 		}
@@ -296,7 +304,7 @@ func (l *Listener) run() {
 }
 
 // handshake accepts one request whose hello was acceptable.
-func (l *Listener) handshake(req *rdmacm.ConnRequest, peer hello) (*Conn, error) {
+func (l *Listener) handshake(req *rdmacm.ConnRequest, peer hello) (*conn, error) {
 	var pool, probe *verbs.MR
 	hello := l.local.marshalProbe()
 	rc, err := req.AcceptWith(l.ctx, hello, func(s rdmacm.Setup) error {

@@ -63,7 +63,7 @@ type keepalive struct {
 }
 
 // startKeepalive arms the first tick, when the Config asks for probes.
-func (c *Conn) startKeepalive(o *Config, mr *verbs.MR, peer hello) {
+func (c *conn) startKeepalive(o *Config, mr *verbs.MR, peer hello) {
 	if o.KeepAlive <= 0 {
 		return
 	}
@@ -87,7 +87,7 @@ func checkKeepalive(o *Config, cc *rdmacm.ConnConfig) error {
 }
 
 // stopKeepalive stops the ticks; Close calls it once closed is set.
-func (c *Conn) stopKeepalive() {
+func (c *conn) stopKeepalive() {
 	c.mu.Lock()
 	t := c.ka.timer
 	c.mu.Unlock()
@@ -102,7 +102,7 @@ func (c *Conn) stopKeepalive() {
 // the connection. The ticks see frames only as a count, so silence is
 // timed from the tick that last saw one: a dead peer is noticed within
 // 2 × KeepAlive + KeepAliveTimeout.
-func (c *Conn) keepaliveTick() {
+func (c *conn) keepaliveTick() {
 	c.mu.Lock()
 	if c.closed || c.failed != nil || c.refused != nil || c.rc.Err() != nil {
 		c.mu.Unlock()
@@ -157,7 +157,7 @@ func (c *Conn) keepaliveTick() {
 }
 
 // probeDoneLocked takes the probe's completion.
-func (c *Conn) probeDoneLocked(wc verbs.WorkCompletion) {
+func (c *conn) probeDoneLocked(wc verbs.WorkCompletion) {
 	c.ka.probeOut = false
 	switch wc.Status {
 	case verbs.WCSuccess:

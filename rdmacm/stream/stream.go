@@ -77,8 +77,8 @@ func New(c *msg.Conn) *Conn {
 	s.closeCtx, s.closeCancel = context.WithCancel(context.Background())
 	s.rd.init(s.closeCtx)
 	s.wd.init(s.closeCtx)
-	// Nothing the connection runs refers to s (its goroutine has c), so
-	// s can become unreachable while c lives.
+	// Nothing the connection runs refers to s, so s can become
+	// unreachable while c lives.
 	s.dropped = runtime.AddCleanup(s, closeDropped, c)
 	return s
 }
