@@ -131,4 +131,10 @@
 // usual 2 for the first link of a new namespace) collide, and every
 // wildcard Listen fails with EADDRINUSE. Listen on a specific address, or
 // give the netdevs distinct ifindexes (ip link add ... index N).
+//
+// siw (seen in Linux 6.1, rarely, on a loaded machine) can lose a
+// listener's TCP socket while the listener's id stays listening: every
+// later dial to it is refused (status -111), and `ss -tln` no longer shows
+// the port although `rdma res show cm_id` lists the listener. The kernel
+// tells the CM nothing, so no error reaches Accept.
 package rdmacm
