@@ -31,21 +31,7 @@ func TestDroppedConnIsClosed(t *testing.T) {
 		checkNoLeaks(t)
 		ctx := ctxFor(t, 60*time.Second)
 		l, addr := listen(t, d, nil)
-		accept := func() *Conn {
-			type result struct {
-				c   *Conn
-				err error
-			}
-			accepted := make(chan result, 1)
-			go func() {
-				c, err := l.Accept(ctx)
-				accepted <- result{c, err}
-			}()
-			r := <-accepted
-			require.NoError(t, r.err)
-			return r.c
-		}
-		// collect runs the collector until the Recv on c returns.
+		// recvCollecting receives on c, running the collector meanwhile.
 		recvCollecting := func(c *Conn) (*Message, error) {
 			stop := make(chan struct{})
 			defer close(stop)
@@ -63,18 +49,12 @@ func TestDroppedConnIsClosed(t *testing.T) {
 		}
 
 		// An accepted Conn, dropped after one message.
-		dialed := make(chan *Conn, 1)
-		go func() {
-			c, err := Dial(ctx, nil, addr, nil)
-			assert.NoError(t, err)
-			dialed <- c
-		}()
+		var peer *Conn
 		func() {
-			c := accept()
-			require.NoError(t, c.Send(ctx, []byte("sent, then dropped")))
+			client, server := dialAccept(t, ctx, l, addr, nil)
+			peer = client
+			require.NoError(t, server.Send(ctx, []byte("sent, then dropped")))
 		}()
-		peer := <-dialed
-		require.NotNil(t, peer)
 		m, err := recvCollecting(peer)
 		require.NoError(t, err)
 		assert.Equal(t, "sent, then dropped", string(m.Bytes()))
@@ -84,25 +64,19 @@ func TestDroppedConnIsClosed(t *testing.T) {
 		require.NoError(t, peer.Close())
 
 		// A dialed Conn that only a goroutine waiting in Recv refers to.
-		go func() {
-			c, err := Dial(ctx, nil, addr, nil)
-			assert.NoError(t, err)
-			dialed <- c
-		}()
-		peer = accept()
-		defer peer.Close()
 		got := make(chan error, 1)
 		func() {
-			c := <-dialed
-			require.NotNil(t, c)
+			client, server := dialAccept(t, ctx, l, addr, nil)
+			peer = server
 			go func() {
-				m, err := c.Recv(ctx)
+				m, err := client.Recv(ctx)
 				if err == nil {
 					m.Release()
 				}
 				got <- err
 			}()
 		}()
+		defer peer.Close()
 		for range 25 {
 			runtime.GC()
 			time.Sleep(20 * time.Millisecond)

@@ -138,6 +138,18 @@ func pair(t *testing.T, d device, dialCfg, listenCfg *Config) (client, server *C
 	testbed.CheckNoRNR(t, d.name) // the credits keep every SEND to a posted receive
 	ctx := ctxFor(t, 20*time.Second)
 	l, addr := listen(t, d, listenCfg)
+	client, server = dialAccept(t, ctx, l, addr, dialCfg)
+	t.Cleanup(func() {
+		assert.NoError(t, client.Close())
+		assert.NoError(t, server.Close())
+	})
+	return client, server
+}
+
+// dialAccept dials l at addr and returns both ends, which the caller
+// closes.
+func dialAccept(t *testing.T, ctx context.Context, l *Listener, addr string, dialCfg *Config) (client, server *Conn) {
+	t.Helper()
 	type result struct {
 		c   *Conn
 		err error
@@ -151,10 +163,6 @@ func pair(t *testing.T, d device, dialCfg, listenCfg *Config) (client, server *C
 	require.NoError(t, err)
 	r := <-accepted
 	require.NoError(t, r.err)
-	t.Cleanup(func() {
-		assert.NoError(t, client.Close())
-		assert.NoError(t, r.c.Close())
-	})
 	return client, r.c
 }
 
