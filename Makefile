@@ -63,7 +63,7 @@ test: prepare
 	trap 'kill -- -$$checks 2>/dev/null || true' EXIT; \
 	trap 'kill -- -$$tests 2>/dev/null || true; wait $$tests || true; exit 143' HUP INT TERM; \
 	status=0; wait $$tests || status=$$?; \
-	echo "== the guests' side took $$(( $$(date +%s) - t0 )) s"; \
+	echo "== the tests' side (the guests', then the host's tests) took $$(( $$(date +%s) - t0 )) s"; \
 	checks_status=0; wait $$checks || checks_status=$$?; \
 	echo "== run beside the guests' tests: lint, one API, the oldest Go's build, the host tests' compiles, fuzzing"; \
 	cat $(HOST_CHECKS_LOG); \
@@ -158,13 +158,15 @@ prepare: $(RDMAVM)
 # They are compiled before the guest boots (build_only).
 # The apps' and the cgocheck2 build's tests, run last, compile meanwhile at
 # nice 19 (about 45 s from an empty build cache): their go test compiles
-# whatever that has not finished, and reports its errors.
+# whatever that has not finished, and reports its errors (lint, beside,
+# vets the apps' code sooner).
 integration: prepare
 	@echo "== compiling the integration tests"
 	$(call build_only,-race -tags integration $(INTEGRATION_PKGS))
 	@echo "== integration tests inside a guest with rxe and siw (one guest for all, each package in a fresh process)"
-	nice -n 19 $(MAKE) --no-print-directory integration-late-builds >/dev/null 2>&1 & \
-	$(RDMAVM) session $(MAKE) --no-print-directory integration-in-guest
+	nice -n 19 $(MAKE) --no-print-directory integration-late-builds >/dev/null 2>&1 & builds=$$!; \
+	status=0; $(RDMAVM) session $(MAKE) --no-print-directory integration-in-guest || status=$$?; \
+	wait $$builds || true; exit $$status
 
 integration-late-builds:
 	cd $(APPS) && $(call build_only,-race -tags integration ./...)

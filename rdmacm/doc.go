@@ -132,9 +132,9 @@
 // wildcard Listen fails with EADDRINUSE. Listen on a specific address, or
 // give the netdevs distinct ifindexes (ip link add ... index N).
 //
-// siw (seen in Linux 6.1, rarely, on a loaded machine) can lose a
-// listener's TCP socket while the listener's id stays listening: every
-// later dial to it is refused (status -111), and `ss -tln` no longer shows
-// the port although `rdma res show cm_id` lists the listener. The kernel
-// tells the CM nothing, so no error reaches Accept.
+// siw in Linux 6.1 can lose a listener's TCP socket while the listener's
+// id stays listening (rarely; seen on a loaded machine): a dial to it was
+// then refused (status -111), ss -tln no longer showed the port, and rdma
+// res show cm_id still listed the listener in LISTEN, so Accept saw no
+// error. What triggers it is not known.
 package rdmacm

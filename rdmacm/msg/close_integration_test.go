@@ -55,6 +55,7 @@ func TestDroppedConnIsClosed(t *testing.T) {
 			peer = client
 			require.NoError(t, server.Send(ctx, []byte("sent, then dropped")))
 		}()
+		defer peer.Close() // on failure; closed below
 		m, err := recvCollecting(peer)
 		require.NoError(t, err)
 		assert.Equal(t, "sent, then dropped", string(m.Bytes()))

@@ -182,8 +182,8 @@ func wrap(c *conn) *Conn {
 }
 
 // closeDropped closes the connection of a Conn dropped without Close, on a
-// goroutine of its own: cleanups run one at a time, and a Close may wait
-// for the peer up to Config.CloseTimeout.
+// goroutine of its own: a cleanup should not block others, and a Close may
+// wait for the peer up to Config.CloseTimeout.
 func closeDropped(c *conn) { go c.close() }
 
 // Send sends p as one message. It returns once p is copied into a send

@@ -133,8 +133,9 @@ type accepted struct {
 	err error
 }
 
-// conn is what Accept returns for it.
-func (r accepted) conn() (*Conn, error) {
+// handle is what Accept returns for the outcome: the connection's handle,
+// or the failure.
+func (r accepted) handle() (*Conn, error) {
 	if r.err != nil {
 		return nil, r.err
 	}
@@ -245,7 +246,7 @@ func (l *Listener) Accept(ctx context.Context) (*Conn, error) {
 	select {
 	case r := <-l.results:
 		<-l.pending
-		return r.conn()
+		return r.handle()
 	case <-ctx.Done():
 		return fail(ctx.Err())
 	case <-l.ctx.Done():
@@ -254,7 +255,7 @@ func (l *Listener) Accept(ctx context.Context) (*Conn, error) {
 		select {
 		case r := <-l.results:
 			<-l.pending
-			return r.conn()
+			return r.handle()
 		default:
 			return nil, l.err
 		}

@@ -84,8 +84,8 @@ func New(c *msg.Conn) *Conn {
 }
 
 // closeDropped closes the connection of a Conn dropped without Close, on
-// a goroutine of its own: cleanups run one at a time, and a Close may wait
-// for the peer up to msg.Config.CloseTimeout.
+// a goroutine of its own: a cleanup should not block others, and a Close
+// may wait for the peer up to msg.Config.CloseTimeout.
 func closeDropped(c *msg.Conn) { go c.Close() }
 
 // Msg is the message connection underneath. It belongs to s: it is
