@@ -57,10 +57,19 @@ func TestCountersCountCPUTime(t *testing.T) {
 	assert.NotEqual(t, -1.0, slept.IdleUs, "/proc/uptime is readable on Linux")
 }
 
+// Counting allocates nothing inside the window it counts. Allocations are
+// counted process-wide, and another goroutine of the test binary can
+// allocate inside one window (seen once with go1.24: 6), so the count is
+// averaged over many windows, as AllocsPerRun does; an allocation of the
+// counting itself shows in every one.
 func TestCountingAllocatesNothing(t *testing.T) {
-	c := Count()
-	p := c.Since(1)
-	assert.Zero(t, p.Allocs, "reading the counters allocated, inside the window counted")
+	total := 0.0
+	const runs = 100
+	for range runs {
+		c := Count()
+		total += c.Since(1).Allocs
+	}
+	assert.Less(t, total/runs, 1.0, "reading the counters allocated, inside the window counted (%v in %d windows)", total, runs)
 }
 
 func TestCountingKeepsNoDescriptor(t *testing.T) {
