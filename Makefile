@@ -41,9 +41,9 @@ FORCE:
 # guests, and beside them, at the lowest priority (nice 19, taking only what
 # the guests leave), runs what needs nothing of the tests' timing: lint, one
 # API, the oldest Go's build, the fuzzing, and the compiles of the host's
-# tests, which then run after the guests' from a warm cache. Either side failing fails make
-# test (-k: a guest's failure still runs the host's tests); the background's
-# output comes last. Both sides run in the background of this recipe's
+# tests, which then run after the guests' from a warm cache. Either side
+# failing fails make test (-k: a guest's failure still runs the host's
+# tests); the background's output comes last. Both sides run in the background of this recipe's
 # shell, each in a session of its own, and a HUP, INT or TERM to the shell
 # stops both process groups: make passes a TERM to a recipe's shell only,
 # not to the go test in a pipeline under it. (A KILL reaches neither side:
