@@ -25,7 +25,6 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"runtime"
 	"sync"
 	"syscall"
 	"time"
@@ -63,33 +62,26 @@ type Conn struct {
 
 	closeOnce sync.Once
 	closeErr  error
-	dropped   runtime.Cleanup
 }
 
 // New makes a net.Conn of a message connection, which it then owns.
 //
 // A Conn that becomes unreachable without Close is closed by the garbage
-// collector, as an *os.File is: its connection would otherwise keep its
-// QP, its registered memory and its goroutine for ever. When that happens
-// is up to the collector, so a program should Close what it is done with.
+// collector, as an *os.File is, through its message connection's own
+// cleanup (see msg.Conn): the Conn is all that refers to it. When that
+// happens is up to the collector, so a program should Close what it is
+// done with.
 func New(c *msg.Conn) *Conn {
 	s := &Conn{c: c, local: Addr{c.LocalAddr()}, remote: Addr{c.RemoteAddr()}}
 	s.closeCtx, s.closeCancel = context.WithCancel(context.Background())
 	s.rd.init(s.closeCtx)
 	s.wd.init(s.closeCtx)
-	// Nothing the connection runs refers to s, so s can become
-	// unreachable while c lives.
-	s.dropped = runtime.AddCleanup(s, closeDropped, c)
 	return s
 }
 
-// closeDropped closes the connection of a Conn dropped without Close, on
-// a goroutine of its own: a cleanup should not block others, and a Close
-// may wait for the peer up to msg.Config.CloseTimeout.
-func closeDropped(c *msg.Conn) { go c.Close() }
-
-// Msg is the message connection underneath. It belongs to s: it is
-// closed with s, or when s is dropped, and holding it does not keep s.
+// Msg is the message connection underneath. It belongs to s: s's Close
+// closes it. Dropped without Close, the connection is closed once neither
+// s nor the message connection is reachable.
 func (s *Conn) Msg() *msg.Conn { return s.c }
 
 func (s *Conn) LocalAddr() net.Addr  { return s.local }
@@ -236,7 +228,6 @@ func (s *Conn) CloseWrite() error {
 // Writes return net.ErrClosed.
 func (s *Conn) Close() error {
 	s.closeOnce.Do(func() {
-		s.dropped.Stop()
 		s.closeCancel()
 		// Blocked calls return now; once they have, the message being
 		// read goes back before Close, so that Close releases everything.
