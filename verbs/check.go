@@ -86,7 +86,8 @@ func ValidateAttr(t QPType, from, to QPState, attr *QPAttr, mask AttrMask) error
 		bad(AttrMinRNRTimer, "code %d does not fit in 5 bits (0…31; a table index, not milliseconds: see RNRTimerFor)", attr.MinRNRTimer)
 	}
 	if has(AttrAccessFlags) && attr.AccessFlags&^qpAccessFlags != 0 {
-		bad(AttrAccessFlags, "%v are not QP access flags (a QP takes %v)", attr.AccessFlags&^qpAccessFlags, AccessFlags(qpAccessFlags))
+		bad(AttrAccessFlags, "%v are not QP access flags (a QP takes %v; newer rxe refuses the others with EINVAL)",
+			attr.AccessFlags&^qpAccessFlags, AccessFlags(qpAccessFlags))
 	}
 	if has(AttrPort) && attr.PortNum == 0 {
 		bad(AttrPort, "port numbers start at 1")
@@ -143,6 +144,14 @@ type PortInfo struct {
 	// round, responder resources against MaxQPRdAtom; the two agree on
 	// devices whose limits are equal, as rxe's and mlx5's usually are.)
 	MaxRdAtomic, MaxDestRdAtomic int
+	// PortCount, when known (not 0), is the device's number of ports: a
+	// PORT, an address vector's port or an alternate port above it is
+	// refused, as uverbs' modify_qp refuses it (EINVAL).
+	PortCount int
+	// AltAttr, when ALT_PATH is in the mask, is the alternate port's state
+	// (zero when unknown): its P_Key table bounds AltPKeyIndex, and its
+	// GRH flag applies to AltAH.
+	AltAttr PortAttr
 }
 
 // Kind is the port's kind (RoCE, InfiniBand, iWARP).
@@ -156,15 +165,18 @@ var ErrIWARPManual = errors.New("iWARP QPs are connected by the iWARP CM: the pr
 // ValidateForPort adds the checks that need the port to [ValidateAttr]: the
 // seed's pitfalls that the driver reports as a bare EINVAL, or worse accepts
 // and then stalls.
-//   - RoCE: an address vector without a GRH is refused (EINVAL); the source
-//     GID index must be inside the port's table.
+//   - RoCE, and a port with the flag GRH_REQUIRED: an address vector
+//     without a GRH is refused (EINVAL); the source GID index must be
+//     inside the port's table.
 //   - A path MTU above the port's active MTU (or the peer's): rxe checks only
 //     max_mtu, so the QP would connect and then stall.
 //   - iWARP: the CM moves the QP; a manual INIT→RTR or RTR→RTS is refused.
 //   - The kernel's bans the man page does not list: an alternate path
 //     (ALT_PATH) anywhere but on InfiniBand, an address vector into RTR
-//     whose port is not the QP's, a MaxRdAtomic or MaxDestRdAtomic above
-//     the device's, and a P_Key index outside the port's table.
+//     whose port is not the QP's, a port the device lacks (PORT, the
+//     address vector's or the alternate one), a MaxRdAtomic or
+//     MaxDestRdAtomic above the device's, and a P_Key index (or alternate
+//     P_Key index) outside the port's table.
 func ValidateForPort(t QPType, from, to QPState, attr *QPAttr, mask AttrMask, port PortInfo) error {
 	if err := ValidateAttr(t, from, to, attr, mask); err != nil {
 		return err
@@ -178,11 +190,16 @@ func ValidateForPort(t QPType, from, to QPState, attr *QPAttr, mask AttrMask, po
 	bad := func(a AttrMask, format string, args ...any) {
 		probs = append(probs, AttrProblem{Attr: a, Reason: fmt.Sprintf(format, args...)})
 	}
-	if mask&AttrAV != 0 && port.Kind() == KindRoCE {
-		if !attr.AH.IsGlobal {
+	if mask&AttrAV != 0 && (port.Kind() == KindRoCE || port.Attr.GRHRequired) {
+		switch {
+		case !attr.AH.IsGlobal && port.Kind() == KindRoCE:
 			bad(AttrAV, "RoCE needs a GRH on every address vector: set AH.IsGlobal with GRH.DGID "+
 				"(the peer's GID) and GRH.SGIDIndex (the local GID entry for the source address; the resolver picks it)")
-		} else if port.Attr.GIDTableLen > 0 && int(attr.AH.GRH.SGIDIndex) >= port.Attr.GIDTableLen {
+		case !attr.AH.IsGlobal:
+			bad(AttrAV, "%s port %d requires a GRH on every address vector (its port flag GRH_REQUIRED; "+
+				"the kernel's rdma_check_ah_attr refuses one without): set AH.IsGlobal with GRH.DGID and GRH.SGIDIndex",
+				port.Device, port.Port)
+		case port.Attr.GIDTableLen > 0 && int(attr.AH.GRH.SGIDIndex) >= port.Attr.GIDTableLen:
 			bad(AttrAV, "source GID index %d is outside the port's table of %d entries",
 				attr.AH.GRH.SGIDIndex, port.Attr.GIDTableLen)
 		}
@@ -190,6 +207,31 @@ func ValidateForPort(t QPType, from, to QPState, attr *QPAttr, mask AttrMask, po
 	if k := port.Kind(); mask&AttrAltPath != 0 && (k == KindRoCE || k == KindIWARP) {
 		bad(AttrAltPath, "the kernel refuses alternate paths on %v: the core handles them (APM) for InfiniBand only "+
 			"(_ib_modify_qp, drivers/infiniband/core/verbs.c), though the IBTA allows ALT_PATH there", port.Kind())
+	} else if mask&AttrAltPath != 0 {
+		if port.AltAttr.GRHRequired && !attr.AltAH.IsGlobal {
+			bad(AttrAltPath, "alternate port %d requires a GRH on every address vector (its port flag GRH_REQUIRED): "+
+				"set AltAH.IsGlobal with GRH.DGID and GRH.SGIDIndex", attr.AltPortNum)
+		}
+		if n := port.AltAttr.PKeyTableLen; n > 0 && int(attr.AltPKeyIndex) >= n {
+			bad(AttrAltPath, "alternate P_Key index %d is outside port %d's table of %d entries: the core's P_Key check "+
+				"refuses it", attr.AltPKeyIndex, attr.AltPortNum, n)
+		}
+	}
+	if n := port.PortCount; n > 0 {
+		noPort := func(a AttrMask, what string, p uint8) {
+			if int(p) > n {
+				bad(a, "%s %d: %s has no such port (its ports are 1 to %d)", what, p, port.Device, n)
+			}
+		}
+		if mask&AttrPort != 0 {
+			noPort(AttrPort, "PortNum", attr.PortNum)
+		}
+		if mask&AttrAV != 0 {
+			noPort(AttrAV, "AH.PortNum", attr.AH.PortNum)
+		}
+		if mask&AttrAltPath != 0 {
+			noPort(AttrAltPath, "AltPortNum", attr.AltPortNum)
+		}
 	}
 	if mask&AttrAV != 0 && mask&AttrState != 0 && to == QPStateRTR && attr.AH.PortNum != 0 && int(attr.AH.PortNum) != port.Port {
 		bad(AttrAV, "AH.PortNum %d is not the QP's port %d: the kernel refuses it into RTR (uverbs' modify_qp)",

@@ -1,7 +1,9 @@
 package verbs
 
 import (
+	"fmt"
 	"net/netip"
+	"syscall"
 	"testing"
 	"time"
 
@@ -111,10 +113,15 @@ func TestValidateAttrValues(t *testing.T) {
 	require.ErrorAs(t, err, &ae)
 	assert.Len(t, ae.Problems, 3, "timeout, retry count and RNR retry are all reported: %v", err)
 
-	init := &QPAttr{State: QPStateInit, PortNum: 0, AccessFlags: AccessRemoteWrite | AccessMWBind}
+	init := &QPAttr{State: QPStateInit, PortNum: 0, AccessFlags: AccessRemoteWrite | AccessZeroBased | AccessHugeTLB}
 	err = ValidateAttr(QPTypeRC, QPStateReset, QPStateInit, init, AttrState|AttrPKeyIndex|AttrPort|AttrAccessFlags)
 	assert.ErrorContains(t, err, "port numbers start at 1")
-	assert.ErrorContains(t, err, "MW_BIND are not QP access flags")
+	assert.ErrorContains(t, err, "ZERO_BASED|HUGETLB are not QP access flags")
+
+	// The flags an MR carries that rxe also takes on a QP (RXE_ACCESS_SUPPORTED_QP).
+	init = &QPAttr{State: QPStateInit, PortNum: 1, AccessFlags: AccessLocalWrite | AccessRemoteWrite | AccessRemoteRead |
+		AccessRemoteAtomic | AccessMWBind | AccessOnDemand | AccessFlushGlobal | AccessFlushPersistent | AccessRelaxedOrdering}
+	assert.NoError(t, ValidateAttr(QPTypeRC, QPStateReset, QPStateInit, init, AttrState|AttrPKeyIndex|AttrPort|AttrAccessFlags))
 }
 
 func TestValidateForPort(t *testing.T) {
@@ -147,6 +154,39 @@ func TestValidateForPort(t *testing.T) {
 	a.AH.IsGlobal = false
 	assert.NoError(t, ValidateForPort(QPTypeRC, QPStateInit, QPStateRTR, a, m, ib), "IB within a subnet needs no GRH")
 
+	// An InfiniBand port may demand a GRH too (IBV_QPF_GRH_REQUIRED).
+	grh := ib
+	grh.Attr.GRHRequired = true
+	err = ValidateForPort(QPTypeRC, QPStateInit, QPStateRTR, a, m, grh)
+	assert.ErrorContains(t, err, "rxe0 port 1 requires a GRH on every address vector (its port flag GRH_REQUIRED")
+	a, m = validRTR()
+	assert.NoError(t, ValidateForPort(QPTypeRC, QPStateInit, QPStateRTR, a, m, grh))
+
+	// Ports the device lacks, each named with what carried it.
+	two := ib
+	two.PortCount = 2
+	a, m = validRTR()
+	a.AH.PortNum = 3
+	err = ValidateForPort(QPTypeRC, QPStateInit, QPStateRTR, a, m, two)
+	assert.ErrorContains(t, err, "AH.PortNum 3: rxe0 has no such port (its ports are 1 to 2)")
+	err = ValidateForPort(QPTypeRC, QPStateReset, QPStateInit, &QPAttr{State: QPStateInit, PortNum: 3},
+		AttrState|AttrPKeyIndex|AttrPort|AttrAccessFlags, two)
+	assert.ErrorContains(t, err, "PortNum 3: rxe0 has no such port")
+
+	// The alternate path (InfiniBand): its port, P_Key index and GRH.
+	alt := &QPAttr{AltAH: AHAttr{PortNum: 3}, AltPortNum: 3, AltPKeyIndex: 0, AltTimeout: 14}
+	err = ValidateForPort(QPTypeRC, QPStateRTS, QPStateRTS, alt, AttrAltPath, two)
+	assert.ErrorContains(t, err, "AltPortNum 3: rxe0 has no such port")
+	alt.AltAH.PortNum, alt.AltPortNum = 2, 2
+	require.NoError(t, ValidateForPort(QPTypeRC, QPStateRTS, QPStateRTS, alt, AttrAltPath, two))
+	two.AltAttr = PortAttr{LinkLayer: LinkLayerInfiniBand, PKeyTableLen: 64, GRHRequired: true}
+	alt.AltPKeyIndex = 64
+	err = ValidateForPort(QPTypeRC, QPStateRTS, QPStateRTS, alt, AttrAltPath, two)
+	assert.ErrorContains(t, err, "alternate P_Key index 64 is outside port 2's table of 64 entries")
+	assert.ErrorContains(t, err, "alternate port 2 requires a GRH")
+	alt.AltPKeyIndex, alt.AltAH.IsGlobal = 63, true
+	assert.NoError(t, ValidateForPort(QPTypeRC, QPStateRTS, QPStateRTS, alt, AttrAltPath, two))
+
 	iwarp := PortInfo{Device: "siw0", Port: 1, Transport: TransportIWARP, Attr: PortAttr{LinkLayer: LinkLayerEthernet, ActiveMTU: MTU1024}}
 	a, m = validRTR()
 	err = ValidateForPort(QPTypeRC, QPStateInit, QPStateRTR, a, m, iwarp)
@@ -156,6 +196,15 @@ func TestValidateForPort(t *testing.T) {
 		&QPAttr{State: QPStateInit, PortNum: 1}, AttrState|AttrPKeyIndex|AttrPort|AttrAccessFlags, iwarp),
 		"RESET→INIT is the user's on iWARP too")
 	assert.NoError(t, ValidateForPort(QPTypeRC, QPStateRTS, QPStateErr, &QPAttr{State: QPStateErr}, AttrState, iwarp))
+}
+
+func TestQKeyHint(t *testing.T) {
+	wrapped := fmt.Errorf("ibv_modify_qp: %w", syscall.EPERM)
+	priv := &QPAttr{QKey: PrivilegedQKey | 7}
+	assert.Contains(t, qkeyHint(wrapped, priv, AttrState|AttrQKey), "Q_Key 0x80000007 has bit 31 set")
+	assert.Empty(t, qkeyHint(syscall.EINVAL, priv, AttrQKey), "another error")
+	assert.Empty(t, qkeyHint(wrapped, &QPAttr{QKey: 7}, AttrQKey), "an unprivileged Q_Key")
+	assert.Empty(t, qkeyHint(wrapped, priv, AttrState), "no Q_Key in the mask")
 }
 
 func TestWarnings(t *testing.T) {

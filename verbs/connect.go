@@ -62,8 +62,9 @@ type QPSetup struct {
 	RNRRetry    uint8
 	MinRNRTimer RNRTimer
 	// Outstanding RDMA reads and atomics, as initiator (MaxRdAtomic) and
-	// responder (MaxDestRdAtomic). Default 1 each; bounded by the device's
-	// MaxQPInitRdAtom and MaxQPRdAtom.
+	// responder (MaxDestRdAtomic). Default 1 each; the drivers bound them by
+	// the device's MaxQPRdAtom and MaxQPInitRdAtom, in that order (see
+	// PortInfo.MaxRdAtomic).
 	MaxRdAtomic     uint8
 	MaxDestRdAtomic uint8
 }

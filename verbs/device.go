@@ -276,4 +276,8 @@ type PortAttr struct {
 	ActiveSpeed  uint8
 	PhysState    uint8
 	LinkLayer    LinkLayer
+	// GRHRequired is the port flag IBV_QPF_GRH_REQUIRED: every address
+	// vector through this port needs a GRH (AHAttr.IsGlobal), as on RoCE,
+	// where the flag is implied. Some InfiniBand ports set it.
+	GRHRequired bool
 }

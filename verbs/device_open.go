@@ -169,6 +169,9 @@ func (d *Device) Query() (DeviceAttr, error) {
 	return DeviceAttr(a), nil
 }
 
+// qpfGRHRequired is IBV_QPF_GRH_REQUIRED, a bit of ibv_port_attr.flags.
+const qpfGRHRequired = 1 << 0
+
 // QueryPort returns the state of port (numbered from 1) (ibv_query_port).
 func (d *Device) QueryPort(port int) (PortAttr, error) {
 	if port < 1 || port > 255 {
@@ -198,6 +201,7 @@ func (d *Device) QueryPort(port int) (PortAttr, error) {
 		ActiveSpeed:  a.ActiveSpeed,
 		PhysState:    a.PhysState,
 		LinkLayer:    LinkLayer(a.LinkLayer),
+		GRHRequired:  a.Flags&qpfGRHRequired != 0,
 	}, nil
 }
 

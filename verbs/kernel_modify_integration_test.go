@@ -7,9 +7,13 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"runtime"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -308,7 +312,7 @@ func TestModifyDriverBansOnRXE(t *testing.T) {
 		require.ErrorAs(t, goErr, &ae, "the modify's error, naming PORT")
 		assert.Equal(t, AttrPort, ae.Problems[0].Attr)
 		assert.ErrorContains(t, goErr, "RC QP RESET→INIT")
-		assert.ErrorContains(t, goErr, lab.dev.Info.Name+" has no port 2: its ports are 1 to 1")
+		assert.ErrorContains(t, goErr, "PortNum 2: "+lab.dev.Info.Name+" has no such port (its ports are 1 to 1)")
 		ca := attrToIBV(&a)
 		assert.Error(t, q.qp.Modify(&ca, uint32(row.req|AttrState)), "the kernel refuses port 2 too")
 	})
@@ -352,6 +356,67 @@ func TestModifyValuesAgainstKernelOnRXE(t *testing.T) {
 	} else {
 		t.Logf("active MTU %v is the max: no path MTU between them to try", lab.port.ActiveMTU)
 	}
+
+	// A QP takes the flags code copies from its MRs (rxe lets them through;
+	// other drivers ignore what they do not use).
+	mrFlags := AccessRemoteWrite | AccessMWBind | AccessOnDemand | AccessRelaxedOrdering
+	goErr, kernelErr = try(QPStateReset, QPStateInit, func(a *QPAttr) { a.AccessFlags = mrFlags })
+	assert.NoError(t, kernelErr, "the kernel takes %v on a QP", mrFlags)
+	assert.NoError(t, goErr, "%v on a QP", mrFlags)
+
+	// An address vector outside RTR without PORT moves the QP to the
+	// vector's port (uverbs' modify_qp): one the device lacks is refused
+	// by uverbs, and in Go by name.
+	lab.bring(QPTypeRC, q, QPStateSQD)
+	q.state, q.port = QPStateSQD, 1
+	a := lab.attr(q.QPN, QPStateSQD, QPStateSQD)
+	a.AH.PortNum = 9
+	goErr = q.Modify(&a, AttrAV)
+	assert.ErrorContains(t, goErr, "AH.PortNum 9: rxe0 has no such port")
+	ca := attrToIBV(&a)
+	assert.Error(t, q.qp.Modify(&ca, uint32(AttrAV)), "the kernel refuses the address vector's port 9")
+	a.AH.PortNum = 1
+	require.NoError(t, q.Modify(&a, AttrAV), "SQD→SQD with a new address vector on the QP's port")
+	assert.Equal(t, 1, q.port)
+}
+
+// A Q_Key with bit 31 set is privileged: without CAP_NET_RAW the kernel
+// refuses it (EPERM), and the error says why. Capabilities belong to a
+// thread, so the test drops CAP_NET_RAW on its own locked thread, which
+// exits with the goroutine.
+func TestModifyPrivilegedQKeyNeedsCapNetRaw(t *testing.T) {
+	lab := newKernelLab(t)
+	q, err := lab.pd.CreateQP(QPInit{Type: QPTypeUD, SendCQ: lab.cq, RecvCQ: lab.cq,
+		Cap: QPCap{MaxSendWR: 4, MaxRecvWR: 4, MaxSendSGE: 1, MaxRecvSGE: 1}})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, q.Close()) }()
+	init := &QPAttr{State: QPStateInit, PortNum: 1, QKey: PrivilegedQKey | 0x1234}
+	mask := AttrState | AttrPKeyIndex | AttrPort | AttrQKey
+
+	done := make(chan error)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
+		hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+		var data [2]unix.CapUserData
+		if err := unix.Capget(&hdr, &data[0]); err != nil {
+			done <- fmt.Errorf("capget: %w", err)
+			return
+		}
+		data[0].Effective &^= 1 << unix.CAP_NET_RAW
+		if err := unix.Capset(&hdr, &data[0]); err != nil {
+			done <- fmt.Errorf("capset: %w", err)
+			return
+		}
+		done <- q.Modify(init, mask)
+	}()
+	err = <-done
+	require.Error(t, err, "a privileged Q_Key without CAP_NET_RAW")
+	assert.ErrorIs(t, err, syscall.EPERM)
+	assert.ErrorContains(t, err, "Q_Key 0x80001234 has bit 31 set, which makes it privileged")
+	assert.Equal(t, QPStateReset, q.State())
+
+	require.NoError(t, q.Modify(init, mask), "with CAP_NET_RAW (the tests run as root)")
+	assert.Equal(t, QPStateInit, q.State())
 }
 
 // A CUR_STATE in the mask names the state the QP leaves, as the kernel and

@@ -203,26 +203,35 @@ func (q *QP) Modify(attr *QPAttr, mask AttrMask) error {
 		to = attr.State
 	}
 	port := q.port
-	if mask&AttrPort != 0 {
+	switch {
+	case mask&AttrPort != 0:
 		port = int(attr.PortNum)
+	case mask&AttrAV != 0 && !(mask&AttrState != 0 && attr.State == QPStateRTR) && attr.AH.PortNum != 0:
+		// uverbs' modify_qp takes an address vector without PORT outside
+		// RTR (SQD→SQD) as a move to the vector's port.
+		port = int(attr.AH.PortNum)
 	}
 	dev := q.pd.dev
 	var err error
 	if port > 0 {
 		info := PortInfo{Device: dev.Info.Name, Port: port, Transport: dev.Info.Transport}
-		if info.Attr, err = dev.QueryPort(port); err != nil {
-			if da, derr := dev.Query(); derr == nil && mask&AttrPort != 0 && port > da.PhysicalPortCount {
-				return &AttrError{QPType: q.Type, Transition: Transition{from, to}, Problems: []AttrProblem{{Attr: AttrPort,
-					Reason: fmt.Sprintf("%s has no port %d: its ports are 1 to %d", dev.Info.Name, port, da.PhysicalPortCount)}}}
-			}
-			return err
-		}
-		if mask&(AttrMaxQPRdAtomic|AttrMaxDestRdAtomic) != 0 {
+		info.Attr, err = dev.QueryPort(port)
+		if err != nil || mask&(AttrMaxQPRdAtomic|AttrMaxDestRdAtomic|AttrAltPath) != 0 ||
+			mask&AttrAV != 0 && int(attr.AH.PortNum) != port {
 			if da, derr := dev.Query(); derr == nil {
+				info.PortCount = da.PhysicalPortCount
 				info.MaxRdAtomic, info.MaxDestRdAtomic = da.MaxQPRdAtom, da.MaxQPInitRdAtom
 			}
 		}
-		err = ValidateForPort(q.Type, from, to, attr, mask, info)
+		if err != nil && info.PortCount > 0 && port > info.PortCount {
+			err = nil // ValidateForPort names the port the device lacks
+		}
+		if err == nil && mask&AttrAltPath != 0 && attr.AltPortNum != 0 && int(attr.AltPortNum) <= info.PortCount {
+			info.AltAttr, _ = dev.QueryPort(int(attr.AltPortNum)) // unknown, it is left zero: unchecked
+		}
+		if err == nil {
+			err = ValidateForPort(q.Type, from, to, attr, mask, info)
+		}
 		if err == nil && from == QPStateSQD && mask&AttrState != 0 && to != QPStateErr {
 			err = q.drainingError(dev, to)
 		}
@@ -250,6 +259,9 @@ func (q *QP) Modify(attr *QPAttr, mask AttrMask) error {
 		e := &OpError{Op: "ibv_modify_qp", Device: dev.Info.Name, Port: port, QPN: q.QPN,
 			Detail: fmt.Sprintf("%v %v mask %v", q.Type, Transition{from, to}, mask), Err: err}
 		e.Hint = driverHint(e.Err)
+		if h := qkeyHint(e.Err, attr, mask); h != "" {
+			e.Hint = h
+		}
 		// A failed modify leaves the QP as it was, unless the device moved it.
 		if s, err := q.qp.QueryState(); err == nil {
 			q.state = QPState(s)
@@ -258,6 +270,23 @@ func (q *QP) Modify(attr *QPAttr, mask AttrMask) error {
 	}
 	q.state, q.port = to, port
 	return nil
+}
+
+// PrivilegedQKey is the bit of a Q_Key that makes it privileged
+// (IB_QP_SET_QKEY): the kernel sets such a Q_Key only for a process with
+// CAP_NET_RAW, or in the RDMA subsystem's privileged-qkey mode (kernel 6.5
+// and later: rdma system set privileged-qkey on); otherwise ibv_modify_qp
+// fails with EPERM.
+const PrivilegedQKey = 1 << 31
+
+// qkeyHint explains the EPERM of a modify that set a privileged Q_Key.
+func qkeyHint(err error, attr *QPAttr, mask AttrMask) string {
+	if !errors.Is(err, syscall.EPERM) || mask&AttrQKey == 0 || attr.QKey&PrivilegedQKey == 0 {
+		return ""
+	}
+	return fmt.Sprintf("Q_Key %#x has bit 31 set, which makes it privileged: the kernel sets it only for a process "+
+		"with CAP_NET_RAW, or with the RDMA subsystem's privileged-qkey mode on (kernel 6.5 and later: "+
+		"rdma system set privileged-qkey on); use a Q_Key below 0x80000000", attr.QKey)
 }
 
 // rxeVendorID is the vendor ID rxe reports (RXE_VENDOR_ID).

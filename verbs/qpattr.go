@@ -114,9 +114,14 @@ var accessNames = map[AccessFlags]string{
 	AccessFlushPersistent: "FLUSH_PERSISTENT", AccessRelaxedOrdering: "RELAXED_ORDERING",
 }
 
-// qpAccessFlags are the flags a QP's access-flags attribute can carry.
+// qpAccessFlags are the flags a QP's access-flags attribute can carry:
+// those the strictest driver check (rxe's RXE_ACCESS_SUPPORTED_QP, which
+// newer kernels have) lets through. The core passes the attribute on
+// unchecked and other drivers ignore the flags they do not use, so code
+// that gives a QP its MRs' flags works; ZERO_BASED and HUGETLB, which
+// only describe memory, rxe refuses.
 const qpAccessFlags = AccessLocalWrite | AccessRemoteWrite | AccessRemoteRead | AccessRemoteAtomic |
-	AccessFlushGlobal | AccessFlushPersistent
+	AccessMWBind | AccessOnDemand | AccessFlushGlobal | AccessFlushPersistent | AccessRelaxedOrdering
 
 func (f AccessFlags) String() string {
 	return flagString(uint32(f), func(bit uint32) string { return accessNames[AccessFlags(bit)] })
@@ -236,7 +241,7 @@ type QPAttr struct {
 	CurState     QPState  // AttrCurState: the state the caller believes the QP is in
 	PathMTU      MTU      // AttrPathMTU
 	PathMigState MigState // AttrPathMigState
-	QKey         uint32   // AttrQKey (UD)
+	QKey         uint32   // AttrQKey (UD); with bit 31 set (PrivilegedQKey) it needs CAP_NET_RAW
 	RQPSN        uint32   // AttrRQPSN: first PSN expected from the peer, 24 bits
 	SQPSN        uint32   // AttrSQPSN: first PSN sent, 24 bits
 	DestQPN      uint32   // AttrDestQPN: the peer's QP number, 24 bits

@@ -470,6 +470,7 @@ func (c *Context) QueryPort(port int) (PortAttr, error) {
 		ActiveSpeed:  uint8(a.active_speed),
 		PhysState:    uint8(a.phys_state),
 		LinkLayer:    uint8(a.link_layer),
+		Flags:        uint8(a.flags),
 	}, nil
 }
 

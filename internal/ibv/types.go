@@ -69,6 +69,7 @@ type PortAttr struct {
 	LMC, ActiveWidth          uint8
 	ActiveSpeed, PhysState    uint8
 	LinkLayer                 uint8
+	Flags                     uint8 // IBV_QPF_*
 }
 
 // GIDEntry is struct ibv_gid_entry.
