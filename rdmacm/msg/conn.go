@@ -204,7 +204,8 @@ func (c *Conn) Send(ctx context.Context, p []byte) error {
 
 // CloseSend tells the peer that no more messages follow: its Recv returns
 // io.EOF once it has received the messages sent before. It needs no
-// credit, but may wait for a send buffer: until ctx ends, and at most
+// credit, but may wait for a send buffer, and on an accepted connection
+// for the dialer's HELLO frame: until ctx ends, and at most
 // Config.CloseTimeout, as Close (a peer gone silent acknowledges none of
 // the messages in flight, and on iWARP TCP would retry for minutes). The
 // error then wraps context.DeadlineExceeded, and the end was not sent.
@@ -631,18 +632,26 @@ func (c *conn) sendFrame(ctx, bufCtx context.Context, op string, t frameType, p 
 				end = c.rxEnd
 			}
 			ch := c.changedLocked()
+			awaited := "credit"
+			if !c.peerReady {
+				awaited = "HELLO frame"
+			}
 			c.mu.Unlock()
 			var err error
 			select {
 			case <-ch:
 			case <-end.Done():
 			case <-c.rc.Done():
-			case <-ctx.Done():
-				err = ctx.Err()
+			case <-bufCtx.Done(): // ctx's, or CloseSend's limit
+				err = bufCtx.Err()
 			}
 			c.mu.Lock()
 			c.creditWaits--
 			c.mu.Unlock()
+			if err != nil && ctx.Err() == nil {
+				return c.opError(op, fmt.Errorf("the peer's %s did not come within Config.CloseTimeout (%v), so the end was not "+
+					"sent (is the peer gone?): %w", awaited, c.closeTimeout, err))
+			}
 			if err != nil {
 				return c.opError(op, err)
 			}
@@ -1519,7 +1528,19 @@ func (c *conn) housekeep() error {
 		}
 		c.mu.Unlock()
 		c.scqMu.Lock()
-		err := c.reapWait(c.loopCtx)
+		// A Send that held the send CQ may have taken the completions of
+		// the control frames meanwhile: then a buffer is free and there is
+		// nothing to wait for. Waiting regardless could be for ever: the
+		// data frames still on the send queue may all be unsignaled, done
+		// only with a later signaled one, which may wait for the very
+		// credit this goroutine is to take from the receive CQ.
+		c.mu.Lock()
+		wait := len(c.freeCtl) == 0
+		c.mu.Unlock()
+		var err error
+		if wait {
+			err = c.reapWait(c.loopCtx)
+		}
 		c.scqMu.Unlock()
 		if err != nil && (c.loopCtx.Err() != nil || c.sqStop.Err() == nil) {
 			return err

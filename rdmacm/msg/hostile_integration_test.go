@@ -190,9 +190,10 @@ func TestHostileHellos(t *testing.T) {
 
 // A dialer that stops half-way does not hold the listener: one whose
 // connection comes up (its hello was good) but that never sends its HELLO
-// frame and vanishes ends the accepted connection (Recv and Close
-// return); on RoCE, one that never answers the accept (no RTU) fails
-// Accept within ConnectTimeout. The listener then serves a real dialer.
+// frame holds CloseSend up for CloseTimeout at most, and once it vanishes
+// the accepted connection ends (Recv and Close return); on RoCE, one that
+// never answers the accept (no RTU) fails Accept within ConnectTimeout.
+// The listener then serves a real dialer.
 func TestHostileHalfHandshake(t *testing.T) {
 	hel := framed(hello{version: Version, replySlots: 4, credits: 8, maxMessage: 4096}.marshal())
 	forEachDevice(t, func(t *testing.T, d device) {
@@ -200,7 +201,8 @@ func TestHostileHalfHandshake(t *testing.T) {
 		ctx := ctxFor(t, 60*time.Second)
 		const connectTimeout = time.Second
 		addr := d.at(port())
-		l, err := Listen(ctx, &rdmacm.ListenConfig{ConnConfig: rdmacm.ConnConfig{ConnectTimeout: connectTimeout}}, addr, nil)
+		l, err := Listen(ctx, &rdmacm.ListenConfig{ConnConfig: rdmacm.ConnConfig{ConnectTimeout: connectTimeout}}, addr,
+			&Config{CloseTimeout: time.Second})
 		require.NoError(t, err)
 		defer l.Close()
 		dst := netip.MustParseAddrPort(addr)
@@ -210,9 +212,14 @@ func TestHostileHalfHandshake(t *testing.T) {
 		s, err := l.Accept(ctx)
 		require.NoError(t, err)
 		rawEvent(t, ctx, r.id, rdmacm.EventEstablished)
+		start := time.Now()
+		err = s.CloseSend(ctx)
+		assert.ErrorContains(t, err, "the peer's HELLO frame did not come within Config.CloseTimeout (1s)")
+		assert.ErrorIs(t, err, context.DeadlineExceeded)
+		assert.Less(t, time.Since(start), 3*time.Second, "CloseSend waits for the HELLO at most CloseTimeout")
 		r.close(t) // no HELLO frame, no disconnect
 		rctx, cancel := context.WithTimeout(ctx, 15*time.Second)
-		start := time.Now()
+		start = time.Now()
 		_, err = s.Recv(rctx)
 		cancel()
 		require.Error(t, err)
