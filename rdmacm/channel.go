@@ -478,6 +478,10 @@ func (c *ID) deliver(ev *Event) {
 		c.handler(ev)
 		return
 	}
+	if ev.Type == EventConnectRequest && ev.ID != nil && c.backlog > 0 && c.requestsQueued() >= int(c.backlog) {
+		ev.dropLater() // the backlog is full (see Listen)
+		return
+	}
 	c.queue = append(c.queue, ev)
 	if c.wake != nil {
 		select {
@@ -485,6 +489,18 @@ func (c *ID) deliver(ev *Event) {
 		default:
 		}
 	}
+}
+
+// requestsQueued counts the connect requests waiting for Event; c.mu is
+// held.
+func (c *ID) requestsQueued() int {
+	n := 0
+	for _, ev := range c.queue {
+		if ev.Type == EventConnectRequest {
+			n++
+		}
+	}
+	return n
 }
 
 // setHandler routes this id's events to h from now on, queued ones first.

@@ -274,10 +274,10 @@ func (c *ConnConfig) settings(t verbs.QPType) (settings, error) {
 		s.Cap.MaxRecvSGE = 1
 	}
 	if s.Mode != ModeCM && s.Mode != ModeManual {
-		return s, fmt.Errorf("rdmacm: unknown mode %v", s.Mode)
+		return s, fmt.Errorf("unknown mode %v", s.Mode)
 	}
 	if c.CQEntries < 0 || c.CQEntries > math.MaxInt32 {
-		return s, fmt.Errorf("rdmacm: CQEntries is %d, outside 1..%d; zero means the QP's capacity", c.CQEntries, math.MaxInt32)
+		return s, fmt.Errorf("CQEntries is %d, outside 1..%d; zero means the QP's capacity", c.CQEntries, math.MaxInt32)
 	}
 	var err error
 	if s.RetryCount, err = retries("RetryCount", c.RetryCount); err != nil {
@@ -293,7 +293,7 @@ func (c *ConnConfig) settings(t verbs.QPType) (settings, error) {
 		return s, err
 	}
 	if s.ACKTimeout > 31 {
-		return s, fmt.Errorf("rdmacm: ACKTimeout is a 5-bit code (0..31), got %d", s.ACKTimeout)
+		return s, fmt.Errorf("ACKTimeout is a 5-bit code (0..31), got %d", s.ACKTimeout)
 	}
 	for _, d := range []struct {
 		name string
@@ -326,7 +326,7 @@ func (d *Dialer) settings(t verbs.QPType) (settings, error) {
 		}
 		// librdmacm takes these in milliseconds, in a C int.
 		if *d.d > maxCMTimeout {
-			return s, fmt.Errorf("rdmacm: %s is %v, more than the %v the CM takes", d.name, *d.d, maxCMTimeout)
+			return s, fmt.Errorf("%s is %v, more than the %v the CM takes", d.name, *d.d, maxCMTimeout)
 		}
 	}
 	switch {
@@ -351,11 +351,11 @@ func (lc *ListenConfig) settings(t verbs.QPType) (settings, error) {
 	switch {
 	case lc.Backlog > maxBacklog:
 		// The queue behind the kernel's is allocated whole.
-		return s, fmt.Errorf("rdmacm: Backlog is %d, more than %d", lc.Backlog, maxBacklog)
+		return s, fmt.Errorf("Backlog is %d, more than %d", lc.Backlog, maxBacklog)
 	case lc.Backlog > 0:
 		s.Backlog = lc.Backlog
 	case lc.Backlog < 0:
-		return s, fmt.Errorf("rdmacm: Backlog is %d; zero means the default (%d)", lc.Backlog, defaultBacklog)
+		return s, fmt.Errorf("Backlog is %d; zero means the default (%d)", lc.Backlog, defaultBacklog)
 	}
 	return s, nil
 }
@@ -368,7 +368,7 @@ func retries(name string, v int) (uint8, error) {
 	case v < 0:
 		return 0, nil
 	case v > 7:
-		return 0, fmt.Errorf("rdmacm: %s is a 3-bit count (1..7; zero for the default 7, negative for none), got %d", name, v)
+		return 0, fmt.Errorf("%s is a 3-bit count (1..7; zero for the default 7, negative for none), got %d", name, v)
 	}
 	return uint8(v), nil
 }
@@ -382,7 +382,7 @@ func rdAtomicCap(name string, v int) (int, error) {
 	case v < 0:
 		return 0, nil
 	case v > 255:
-		return 0, fmt.Errorf("rdmacm: %s is at most 255 (zero for the device's maximum, negative for none), got %d", name, v)
+		return 0, fmt.Errorf("%s is at most 255 (zero for the device's maximum, negative for none), got %d", name, v)
 	}
 	return v, nil
 }
@@ -393,7 +393,7 @@ func stepTimeout(name string, d *time.Duration) error {
 	case *d == 0:
 		*d = defaultStepTimeout
 	case *d < 0:
-		return fmt.Errorf("rdmacm: %s is %v; zero means the default (%v)", name, *d, defaultStepTimeout)
+		return fmt.Errorf("%s is %v; zero means the default (%v)", name, *d, defaultStepTimeout)
 	}
 	return nil
 }
@@ -410,7 +410,7 @@ func (s *settings) portSpace() PortSpace {
 func parseAddr(s string) (netip.AddrPort, error) {
 	ap, err := netip.ParseAddrPort(s)
 	if err != nil {
-		return netip.AddrPort{}, fmt.Errorf("rdmacm: address %q: want a numeric host:port such as 10.0.0.1:7471 or [fe80::1%%eth0]:7471: %w", s, err)
+		return netip.AddrPort{}, fmt.Errorf("address %q: want a numeric host:port such as 10.0.0.1:7471 or [fe80::1%%eth0]:7471: %w", s, err)
 	}
 	return ap, nil
 }

@@ -27,7 +27,7 @@ type connector struct {
 func newConnector(address string, o *settings) (*connector, error) {
 	dst, err := parseAddr(address)
 	if err != nil {
-		return nil, err
+		return nil, &OpError{Op: "dial", Local: addrPort(o.Source), Err: err}
 	}
 	ps := o.portSpace()
 	// Data that no transport's connect request carries is refused now;
@@ -129,7 +129,7 @@ func (e *endpoint) answer(ctx context.Context) (*conn, error) {
 		if o.QPType == verbs.QPTypeUD {
 			return e.udConn(ev, peerData, peerMTU)
 		}
-		return e.conn(peerData, o.Mode), nil
+		return e.conn(peerData, o.Mode, nil), nil
 	case EventConnectResponse:
 		// Manual mode: the QP is ours to move, then the RTU tells the peer.
 		// INIT again first, as librdmacm does for its own QPs: only now
@@ -148,7 +148,7 @@ func (e *endpoint) answer(ctx context.Context) (*conn, error) {
 			return nil, e.fail("rdma_establish", ErrConnect, err)
 		}
 		o.trace(StepEstablish, start)
-		return e.conn(peerData, o.Mode), nil
+		return e.conn(peerData, o.Mode, nil), nil
 	case EventRejected:
 		return nil, e.rejected(ev)
 	case EventUnreachable:

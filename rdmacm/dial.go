@@ -59,7 +59,8 @@ func (d *Dialer) DialUD(ctx context.Context, address string) (*UDConn, error) {
 func (d *Dialer) dial(ctx context.Context, t verbs.QPType, address string) (*conn, error) {
 	o, err := d.settings(t)
 	if err != nil {
-		return nil, err
+		dst, _ := parseAddr(address)
+		return nil, &OpError{Op: "dial", Remote: dst, Err: err}
 	}
 	// On iWARP the connect call binds a TCP socket to the port the CM
 	// chose for the id, from the same range as the kernel's own TCP ports
@@ -122,9 +123,9 @@ func (e *endpoint) udConn(ev *Event, peerData []byte, peerMTU verbs.MTU) (*conn,
 		return nil, e.fail("create AH", nil, err)
 	}
 	e.res.ahs = append(e.res.ahs, ah)
-	c := e.conn(peerData, e.o.Mode)
-	c.peer = UDPeer{AH: ah, QPN: ev.Param.QPNum, QKey: ev.QKey}
-	c.path.GIDIndex = int(ev.AH.GRH.SGIDIndex)
-	c.path.MTU = udPathMTU(c.path.MTU, peerMTU)
-	return c, nil
+	return e.conn(peerData, e.o.Mode, func(c *conn) {
+		c.peer = UDPeer{AH: ah, QPN: ev.Param.QPNum, QKey: ev.QKey}
+		c.path.GIDIndex = int(ev.AH.GRH.SGIDIndex)
+		c.path.MTU = udPathMTU(c.path.MTU, peerMTU)
+	}), nil
 }

@@ -82,6 +82,7 @@ func (h *fakeHandle) Reject([]byte) error {
 	h.mu.Unlock()
 	return nil
 }
+func (h *fakeHandle) Listen(int) error { return nil }
 func (h *fakeHandle) LocalAddr() cma.SockAddr {
 	return cma.SockAddr{AP: netip.MustParseAddrPort("10.0.0.1:1")}
 }
@@ -193,6 +194,42 @@ func TestRequestsNoOneWillSeeAreRefusedAndDestroyed(t *testing.T) {
 	src.send(l.token, EventConnectRequest, late)
 	assert.Eventually(t, func() bool { d, r := late.counts(); return d == 1 && r == 1 }, 5*time.Second, time.Millisecond,
 		"a request for a closed listener is rejected and destroyed")
+	src.fail <- errors.New("test over")
+}
+
+// As the kernel does with requests not read from the channel, a listening
+// id without a handler holds at most its backlog of requests not yet
+// taken: the next one is rejected and destroyed at once, and a request
+// taken makes room again.
+func TestListenBacklogBoundsTheRequestsNotTaken(t *testing.T) {
+	src := newFakeSource()
+	ch := newChannel(src)
+	l, err := ch.newID(PortSpaceTCP)
+	require.NoError(t, err)
+	require.NoError(t, l.Listen(2))
+	queued := func() int {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		return len(l.queue)
+	}
+	a, b, over := &fakeHandle{}, &fakeHandle{}, &fakeHandle{}
+	for _, h := range []*fakeHandle{a, b, over} {
+		src.send(l.token, EventConnectRequest, h)
+	}
+	assert.Eventually(t, func() bool { d, r := over.counts(); return d == 1 && r == 1 }, 5*time.Second, time.Millisecond,
+		"the request beyond the backlog is rejected and destroyed")
+	assert.Equal(t, 2, queued())
+
+	first := nextWithin(t, l)
+	room := &fakeHandle{}
+	src.send(l.token, EventConnectRequest, room)
+	assert.Eventually(t, func() bool { return queued() == 2 }, 5*time.Second, time.Millisecond, "a request taken makes room")
+	d, r := room.counts()
+	assert.Zero(t, d+r)
+	for _, ev := range []*Event{first, nextWithin(t, l), nextWithin(t, l)} {
+		ev.ID.Close()
+	}
+	l.Close()
 	src.fail <- errors.New("test over")
 }
 

@@ -2,8 +2,10 @@ package rdmacm
 
 import (
 	"bytes"
+	"context"
 	"math"
 	"net/netip"
+	"syscall"
 	"testing"
 	"time"
 
@@ -77,6 +79,46 @@ func TestHostileSizesAreRefusedByName(t *testing.T) {
 		_, err := timeoutMS(d)
 		assert.ErrorContains(t, err, "timeout", "%v", d)
 	}
+	// Rounded up: a positive timeout never becomes zero, no time at all.
+	for d, want := range map[time.Duration]int{0: 0, time.Nanosecond: 1, 500 * time.Microsecond: 1, time.Millisecond: 1,
+		1500 * time.Microsecond: 2, 2 * time.Second: 2000} {
+		ms, err := timeoutMS(d)
+		require.NoError(t, err)
+		assert.Equal(t, want, ms, "%v", d)
+	}
+}
+
+// What Dial, Listen and JoinMulticast refuse before they ask the kernel
+// anything is an *OpError too, as their docs say, naming the operation.
+func TestRefusedSettingsAndAddressesAreOpErrors(t *testing.T) {
+	ctx := context.Background()
+	var oe *OpError
+	_, err := Dial(ctx, "localhost:7471")
+	require.ErrorAs(t, err, &oe)
+	assert.Equal(t, "dial", oe.Op)
+	assert.ErrorContains(t, err, "want a numeric host:port")
+	_, err = (&Dialer{ConnConfig: ConnConfig{RetryCount: 9}}).Dial(ctx, "10.0.0.1:7471")
+	require.ErrorAs(t, err, &oe)
+	assert.Equal(t, netip.MustParseAddrPort("10.0.0.1:7471"), oe.Remote)
+	assert.ErrorContains(t, err, "RetryCount is a 3-bit count")
+	_, err = (&Dialer{ConnConfig: ConnConfig{ACKTimeout: 40}}).DialUD(ctx, "10.0.0.1:7471")
+	require.ErrorAs(t, err, &oe)
+	_, err = Listen("x")
+	require.ErrorAs(t, err, &oe)
+	assert.Equal(t, "listen", oe.Op)
+	_, err = (&ListenConfig{Backlog: -1}).Listen(ctx, "10.0.0.1:7471")
+	require.ErrorAs(t, err, &oe)
+	assert.Equal(t, netip.MustParseAddrPort("10.0.0.1:7471"), oe.Local)
+	_, err = (&Dialer{ConnConfig: ConnConfig{Mode: 9}}).JoinMulticast(ctx, netip.MustParseAddr("239.0.0.1"))
+	require.ErrorAs(t, err, &oe)
+	assert.Equal(t, "join multicast", oe.Op)
+	assert.Equal(t, "rdmacm: join multicast -> 239.0.0.1:0: unknown mode Mode(9)", err.Error())
+
+	// NewID takes the port spaces this package knows.
+	_, err = NewID(PortSpace(0x0002)) // RDMA_PS_IPOIB
+	require.ErrorAs(t, err, &oe)
+	assert.ErrorIs(t, err, syscall.EINVAL)
+	assert.ErrorContains(t, err, "port space PortSpace(0x2): rdmacm takes RDMA_PS_TCP")
 }
 
 // Addresses that are not numeric host:port pairs are refused with the

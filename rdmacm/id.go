@@ -7,7 +7,10 @@ import (
 	"fmt"
 	"math"
 	"net/netip"
+	"os"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -52,6 +55,9 @@ type ID struct {
 	wake chan struct{}
 	// toldFailure: the handler has had eventChannelFailed (once each).
 	toldFailure bool
+	// backlog is Listen's (at most 65535, in what was padding): connect
+	// requests beyond it, queued for no handler, are refused (deliver).
+	backlog uint16
 	// closed is set by destroy (under mu); enter reads it without.
 	closed atomic.Bool
 
@@ -151,6 +157,12 @@ func (e *Event) Err() error {
 // NewID creates an id in port space ps (rdma_create_id) on the process's
 // event channel, which the first call opens (see Init).
 func NewID(ps PortSpace) (*ID, error) {
+	if ps != PortSpaceTCP && ps != PortSpaceUDP {
+		// The private data limits, the QP types and the events this
+		// package knows are those of these two.
+		return nil, &OpError{Op: "new id", Err: fmt.Errorf("%w: port space %v: rdmacm takes RDMA_PS_TCP (connections) "+
+			"and RDMA_PS_UDP (datagrams)", syscall.EINVAL, ps), thin: true}
+	}
 	id, err := newID(ps)
 	if err != nil {
 		return nil, &OpError{Op: "new id", Err: err, thin: true}
@@ -440,18 +452,20 @@ func (c *ID) ResolveRoute(timeout time.Duration) error {
 }
 
 // timeoutMS is a resolve call's timeout as librdmacm takes it:
-// milliseconds in a C int.
+// milliseconds in a C int, rounded up: a timeout under a millisecond is
+// not zero, which the kernel takes as no time to wait at all.
 func timeoutMS(timeout time.Duration) (int, error) {
 	if timeout < 0 || timeout > maxCMTimeout {
 		return 0, fmt.Errorf("%w: timeout %v outside 0..%v (milliseconds in a C int)", syscall.EINVAL, timeout, maxCMTimeout)
 	}
-	return int(timeout.Milliseconds()), nil
+	return int((timeout + time.Millisecond - 1) / time.Millisecond), nil
 }
 
 // Listen listens for connect requests on the bound address (rdma_listen);
 // each comes as a CONNECT_REQUEST event whose ID is the request's own id.
 // The kernel caps backlog at rdma_ucm's max_backlog, and takes zero for
-// that maximum.
+// that maximum. As in C, backlog bounds the requests not yet taken: one
+// that arrives while backlog of them wait for Event is rejected at once.
 func (c *ID) Listen(backlog int) error {
 	if err := c.enter("rdma_listen"); err != nil {
 		return err
@@ -463,7 +477,29 @@ func (c *ID) Listen(backlog int) error {
 	if err := c.h.Listen(backlog); err != nil {
 		return c.fail("rdma_listen", err)
 	}
+	// The kernel's backlog counts the requests not yet read from the
+	// event channel, and the dispatcher reads every event at once: the
+	// same bound is kept here on the requests not yet taken with Event.
+	n := kernelMaxBacklog()
+	if backlog > 0 && backlog < n {
+		n = backlog
+	}
+	c.mu.Lock()
+	c.backlog = uint16(min(n, math.MaxUint16))
+	c.mu.Unlock()
 	return nil
+}
+
+// kernelMaxBacklog is rdma_ucm's max_backlog (the kernel's default if it cannot
+// be read): the largest backlog the kernel keeps, and what it takes zero for.
+func kernelMaxBacklog() int {
+	b, err := os.ReadFile("/proc/sys/net/rdma_ucm/max_backlog")
+	if err == nil {
+		if n, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && n > 0 {
+			return n
+		}
+	}
+	return 1024
 }
 
 // Connect sends a connect request (rdma_connect) with p and privateData;

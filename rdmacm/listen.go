@@ -80,13 +80,13 @@ func (lc *ListenConfig) ListenUD(ctx context.Context, address string) (*UDListen
 }
 
 func (lc *ListenConfig) listen(ctx context.Context, t verbs.QPType, address string) (*listener, error) {
+	ap, perr := parseAddr(address)
 	o, err := lc.settings(t)
 	if err != nil {
-		return nil, err
+		return nil, &OpError{Op: "listen", Local: ap, Err: err}
 	}
-	ap, err := parseAddr(address)
-	if err != nil {
-		return nil, err
+	if perr != nil {
+		return nil, &OpError{Op: "listen", Err: perr}
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, &OpError{Op: "listen", Local: ap, Err: err}
@@ -585,9 +585,7 @@ func (e *endpoint) accept(ctx context.Context, r *request, privateData []byte) (
 	}
 	if o.QPType == verbs.QPTypeUD {
 		o.trace(StepConnect, start)
-		c := e.conn(r.data, o.Mode)
-		c.path.MTU = udPathMTU(c.path.MTU, r.peerMTU)
-		return c, nil
+		return e.conn(r.data, o.Mode, func(c *conn) { c.path.MTU = udPathMTU(c.path.MTU, r.peerMTU) }), nil
 	}
 	ev, err := e.await(ctx, "accept", o.ConnectTimeout)
 	if err != nil {
@@ -596,7 +594,7 @@ func (e *endpoint) accept(ctx context.Context, r *request, privateData []byte) (
 	switch ev.Type {
 	case EventEstablished:
 		o.trace(StepConnect, start)
-		return e.conn(r.data, o.Mode), nil
+		return e.conn(r.data, o.Mode, nil), nil
 	case EventUnreachable:
 		return nil, e.failEvent("accept", ErrUnreachable, ev)
 	case EventRejected:

@@ -61,7 +61,7 @@ func JoinMulticast(ctx context.Context, group netip.Addr) (*MulticastConn, error
 func (d *Dialer) JoinMulticast(ctx context.Context, group netip.Addr) (*MulticastConn, error) {
 	o, err := d.settings(verbs.QPTypeUD)
 	if err != nil {
-		return nil, err
+		return nil, &OpError{Op: "join multicast", Remote: netip.AddrPortFrom(group.Unmap(), 0), Err: err}
 	}
 	group = group.Unmap() // an IPv4 group written as ::ffff:a.b.c.d is the IPv4 group
 	if !group.IsMulticast() {
@@ -132,11 +132,11 @@ func (e *endpoint) join(ctx context.Context, group netip.Addr) (*conn, error) {
 		return nil, e.fail("create AH", nil, err)
 	}
 	e.res.ahs = append(e.res.ahs, ah)
-	c := e.conn(nil, ModeCM)
-	c.peer = UDPeer{AH: ah, QPN: ev.Param.QPNum, QKey: ev.QKey}
-	c.group = group
-	c.path.GIDIndex = int(ev.AH.GRH.SGIDIndex)
-	return c, nil
+	return e.conn(nil, ModeCM, func(c *conn) {
+		c.peer = UDPeer{AH: ah, QPN: ev.Param.QPNum, QKey: ev.QKey}
+		c.group = group
+		c.path.GIDIndex = int(ev.AH.GRH.SGIDIndex)
+	}), nil
 }
 
 // joinError is a join's MULTICAST_ERROR (or another event in its place).

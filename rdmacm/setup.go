@@ -541,7 +541,7 @@ func (e *endpoint) beforeConnect() error {
 
 // conn assembles the connection once the connection is up and routes the id's
 // later events to it.
-func (e *endpoint) conn(peerData []byte, mode Mode) *conn {
+func (e *endpoint) conn(peerData []byte, mode Mode, set func(*conn)) *conn {
 	c := e.early()
 	c.peerData = peerData
 	res := e.res
@@ -563,6 +563,9 @@ func (e *endpoint) conn(peerData []byte, mode Mode) *conn {
 		if a, err := c.qp.Query(verbs.AttrAV | verbs.AttrPathMTU); err == nil {
 			c.path.GIDIndex, c.path.MTU = int(a.AH.GRH.SGIDIndex), a.PathMTU
 		}
+	}
+	if set != nil {
+		set(c) // before the handler: events read the connection's fields
 	}
 	e.id.setHandler(c.onEvent)
 	return c
