@@ -26,6 +26,7 @@ import (
 	"net/netip"
 	"os"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -60,8 +61,7 @@ type Conn struct {
 	off int
 	wmu sync.Mutex // one Write at a time, so that writes do not interleave
 
-	closeOnce sync.Once
-	closeErr  error
+	closing atomic.Bool // Close has begun
 }
 
 // New makes a net.Conn of a message connection, which it then owns.
@@ -214,8 +214,11 @@ func (s *Conn) CloseWrite() error {
 		return s.opError("close write", net.ErrClosed)
 	}
 	if err := s.c.CloseSend(s.closeCtx); err != nil {
-		if s.closeCtx.Err() != nil || errors.Is(err, msg.ErrClosed) {
+		switch {
+		case s.closeCtx.Err() != nil || errors.Is(err, msg.ErrClosed):
 			return s.opError("close write", net.ErrClosed)
+		case errors.Is(err, msg.ErrSendClosed):
+			return nil // a second CloseWrite, as shutdown(2) takes one
 		}
 		return s.opError("close write", err) // the write deadline is not CloseWrite's
 	}
@@ -225,27 +228,29 @@ func (s *Conn) CloseWrite() error {
 // Close sends what was written and the end of the stream to the peer, then
 // disconnects and releases the connection; a peer that does not take them
 // within msg.Config.CloseTimeout does not hold it up. Blocked Reads and
-// Writes return net.ErrClosed.
+// Writes return net.ErrClosed, and so does a second Close, at once, as a
+// net.TCPConn's does.
 func (s *Conn) Close() error {
-	s.closeOnce.Do(func() {
-		s.closeCancel()
-		// Blocked calls return now; once they have, the message being
-		// read goes back before Close, so that Close releases everything.
-		s.rmu.Lock()
-		s.wmu.Lock()
-		if s.cur != nil {
-			s.cur.Release()
-			s.cur = nil
-		}
-		s.rd.stop()
-		s.wd.stop()
-		if err := s.c.Close(); err != nil {
-			s.closeErr = s.opError("close", err)
-		}
-		s.wmu.Unlock()
-		s.rmu.Unlock()
-	})
-	return s.closeErr
+	if !s.closing.CompareAndSwap(false, true) {
+		return s.opError("close", net.ErrClosed)
+	}
+	s.closeCancel()
+	// Blocked calls return now; once they have, the message being read
+	// goes back before Close, so that Close releases everything.
+	s.rmu.Lock()
+	defer s.rmu.Unlock()
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	if s.cur != nil {
+		s.cur.Release()
+		s.cur = nil
+	}
+	s.rd.stop()
+	s.wd.stop()
+	if err := s.c.Close(); err != nil {
+		return s.opError("close", err)
+	}
+	return nil
 }
 
 // SetDeadline sets the read and write deadlines; after Close it fails
@@ -393,6 +398,7 @@ type Listener struct {
 	addr        Addr
 	closeCtx    context.Context
 	closeCancel context.CancelFunc
+	closing     atomic.Bool
 }
 
 // Listen listens for stream connections at address through lc (nil: the
@@ -459,10 +465,17 @@ func (t temporary) Temporary() bool { return true }
 func (t temporary) Timeout() bool   { return false }
 func (t temporary) Unwrap() error   { return t.error }
 
-// Close stops listening; a blocked Accept returns net.ErrClosed.
+// Close stops listening; a blocked Accept returns net.ErrClosed, and so
+// does a second Close, as a net.TCPListener's does.
 func (l *Listener) Close() error {
+	if !l.closing.CompareAndSwap(false, true) {
+		return &net.OpError{Op: "close", Net: Network, Addr: l.addr, Err: net.ErrClosed}
+	}
 	l.closeCancel()
-	return l.l.Close()
+	if err := l.l.Close(); err != nil {
+		return &net.OpError{Op: "close", Net: Network, Addr: l.addr, Err: err}
+	}
+	return nil
 }
 
 // Addr is the address the listener is bound to.

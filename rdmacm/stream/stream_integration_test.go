@@ -292,6 +292,7 @@ func TestCloseWrite(t *testing.T) {
 		_, err := c1.Write([]byte("request"))
 		require.NoError(t, err)
 		require.NoError(t, c1.(*Conn).CloseWrite())
+		require.NoError(t, c1.(*Conn).CloseWrite(), "a second CloseWrite, as shutdown(2) takes one")
 		_, err = c1.Write([]byte("more"))
 		assert.ErrorIs(t, err, msg.ErrSendClosed)
 		b, err := io.ReadAll(c2)
@@ -371,6 +372,7 @@ func TestCloseDoesNotHang(t *testing.T) {
 		assert.Less(t, time.Since(start), 4*time.Second)
 		_, err = c1.Read(make([]byte, 1))
 		assert.ErrorIs(t, err, net.ErrClosed)
+		assert.ErrorIs(t, c1.Close(), net.ErrClosed, "a second Close, as on a net.TCPConn")
 		for name, set := range map[string]func(time.Time) error{"SetDeadline": c1.SetDeadline,
 			"SetReadDeadline": c1.SetReadDeadline, "SetWriteDeadline": c1.SetWriteDeadline} {
 			assert.ErrorIs(t, set(time.Now().Add(time.Second)), net.ErrClosed, "%s after Close, as on a net.TCPConn", name)
@@ -386,6 +388,7 @@ func TestCloseDoesNotHang(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 		require.NoError(t, l.Close())
 		assert.ErrorIs(t, <-accepted, net.ErrClosed)
+		assert.ErrorIs(t, l.Close(), net.ErrClosed, "a second Close, as on a net.TCPListener")
 	})
 }
 
