@@ -351,11 +351,11 @@ func (lc *ListenConfig) settings(t verbs.QPType) (settings, error) {
 	switch {
 	case lc.Backlog > maxBacklog:
 		// The queue behind the kernel's is allocated whole.
-		return s, fmt.Errorf("Backlog is %d, more than %d", lc.Backlog, maxBacklog)
+		return s, fmt.Errorf("ListenConfig.Backlog is %d, more than %d", lc.Backlog, maxBacklog)
 	case lc.Backlog > 0:
 		s.Backlog = lc.Backlog
 	case lc.Backlog < 0:
-		return s, fmt.Errorf("Backlog is %d; zero means the default (%d)", lc.Backlog, defaultBacklog)
+		return s, fmt.Errorf("ListenConfig.Backlog is %d; zero means the default (%d)", lc.Backlog, defaultBacklog)
 	}
 	return s, nil
 }
