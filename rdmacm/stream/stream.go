@@ -364,26 +364,40 @@ type Dialer struct {
 	// Config sizes the message connection. Its zero sizes take the
 	// stream's defaults: 64 KiB messages, 8 credits, 8 send buffers.
 	Config msg.Config
+	// Resolver looks up host names (nil: net.DefaultResolver).
+	Resolver Resolver
 }
 
-// DialContext connects to the stream listener at address. network may be
-// "rdma", or "tcp", "tcp4" or "tcp6" for code that passes those through
-// (http.Transport.DialContext, grpc.WithContextDialer).
+// DialContext connects to the stream listener at address ("host:port").
+// network may be "rdma", or "tcp", "tcp4" or "tcp6" for code that passes
+// those through (http.Transport.DialContext, grpc.WithContextDialer);
+// "tcp4" and "tcp6" keep to that address family. A host name is looked up
+// and its addresses tried in turn, as net.Dialer does, until one
+// connects; the error is the first address's.
 func (d *Dialer) DialContext(ctx context.Context, network, address string) (net.Conn, error) {
 	switch network {
 	case Network, "tcp", "tcp4", "tcp6", "":
 	default:
 		return nil, &net.OpError{Op: "dial", Net: network, Err: net.UnknownNetworkError(network)}
 	}
-	c, err := msg.Dial(ctx, &d.RDMA, address, withDefaults(&d.Config))
+	addrs, err := dialAddrs(ctx, d.Resolver, network, address)
 	if err != nil {
-		oe := &net.OpError{Op: "dial", Net: Network, Err: err}
-		if ap, perr := netip.ParseAddrPort(address); perr == nil {
-			oe.Addr = Addr{ap}
-		}
-		return nil, oe
+		return nil, &net.OpError{Op: "dial", Net: Network, Err: err}
 	}
-	return New(c), nil
+	var first error
+	for _, ap := range addrs {
+		c, err := msg.Dial(ctx, &d.RDMA, ap.String(), withDefaults(&d.Config))
+		if err == nil {
+			return New(c), nil
+		}
+		if first == nil {
+			first = &net.OpError{Op: "dial", Net: Network, Addr: Addr{ap}, Err: err}
+		}
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return nil, first
 }
 
 // Dial connects to the stream listener at address with the zero Dialer.
@@ -404,9 +418,10 @@ type Listener struct {
 // Listen listens for stream connections at address through lc (nil: the
 // zero rdmacm.ListenConfig), with message connections sized by cfg (nil,
 // and its zero sizes: the stream's defaults, 64 KiB messages, 8 credits,
-// 8 send buffers).
+// 8 send buffers). The address is numeric; without a host (":7471") it is
+// 0.0.0.0, every RDMA device.
 func Listen(ctx context.Context, lc *rdmacm.ListenConfig, address string, cfg *msg.Config) (*Listener, error) {
-	l, err := msg.Listen(ctx, lc, address, withDefaults(cfg))
+	l, err := msg.Listen(ctx, lc, listenAddr(address), withDefaults(cfg))
 	if err != nil {
 		return nil, &net.OpError{Op: "listen", Net: Network, Err: err}
 	}
