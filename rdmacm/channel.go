@@ -478,7 +478,8 @@ func (c *ID) deliver(ev *Event) {
 		c.handler(ev)
 		return
 	}
-	if ev.Type == EventConnectRequest && ev.ID != nil && c.backlog > 0 && c.requestsQueued() >= int(c.backlog) {
+	if ev.Type == EventConnectRequest && ev.ID != nil && c.backlog > 0 && len(c.queue) >= int(c.backlog) &&
+		c.requestsQueued() >= int(c.backlog) {
 		ev.dropLater() // the backlog is full (see Listen)
 		return
 	}

@@ -213,9 +213,11 @@ func (q *QP) Modify(attr *QPAttr, mask AttrMask) error {
 	}
 	dev := q.pd.dev
 	var err error
+	portExists := false // for the GID hint below
 	if port > 0 {
 		info := PortInfo{Device: dev.Info.Name, Port: port, Transport: dev.Info.Transport}
 		info.Attr, err = dev.QueryPort(port)
+		portExists = err == nil
 		if err != nil || mask&(AttrMaxQPRdAtomic|AttrMaxDestRdAtomic|AttrAltPath) != 0 ||
 			mask&AttrAV != 0 && int(attr.AH.PortNum) != port {
 			if da, derr := dev.Query(); derr == nil {
@@ -249,7 +251,7 @@ func (q *QP) Modify(attr *QPAttr, mask AttrMask) error {
 		e := &OpError{Op: "modify QP", Device: dev.Info.Name, Port: port, QPN: q.QPN,
 			Detail: Transition{from, to}.String(), Err: err}
 		var ae *AttrError
-		if errors.As(err, &ae) && mask&AttrAV != 0 && port > 0 {
+		if errors.As(err, &ae) && mask&AttrAV != 0 && portExists {
 			e.Hint = gidSuggestions(dev, port)
 		}
 		return e
@@ -273,10 +275,11 @@ func (q *QP) Modify(attr *QPAttr, mask AttrMask) error {
 }
 
 // PrivilegedQKey is the bit of a Q_Key that makes it privileged
-// (IB_QP_SET_QKEY): the kernel sets such a Q_Key only for a process with
-// CAP_NET_RAW, or in the RDMA subsystem's privileged-qkey mode (kernel 6.5
-// and later: rdma system set privileged-qkey on); otherwise ibv_modify_qp
-// fails with EPERM.
+// (IB_QP_SET_QKEY): since Linux 6.4 (and in stable kernels that took the
+// change, the test bed's Debian 6.1 among them) the kernel sets such a
+// Q_Key only for a process with CAP_NET_RAW, or in the RDMA subsystem's
+// privileged-qkey mode (6.5 and later: rdma system set privileged-qkey
+// on); otherwise ibv_modify_qp fails with EPERM.
 const PrivilegedQKey = 1 << 31
 
 // qkeyHint explains the EPERM of a modify that set a privileged Q_Key.

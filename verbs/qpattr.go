@@ -119,7 +119,8 @@ var accessNames = map[AccessFlags]string{
 // newer kernels have) lets through. The core passes the attribute on
 // unchecked and other drivers ignore the flags they do not use, so code
 // that gives a QP its MRs' flags works; ZERO_BASED and HUGETLB, which
-// only describe memory, rxe refuses.
+// only describe memory, rxe refuses. (The kernels whose rxe checked QP
+// flags before RELAXED_ORDERING joined its mask refuse that one too.)
 const qpAccessFlags = AccessLocalWrite | AccessRemoteWrite | AccessRemoteRead | AccessRemoteAtomic |
 	AccessMWBind | AccessOnDemand | AccessFlushGlobal | AccessFlushPersistent | AccessRelaxedOrdering
 

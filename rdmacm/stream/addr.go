@@ -68,8 +68,7 @@ func dialAddrs(ctx context.Context, r Resolver, network, address string) ([]neti
 }
 
 // listenAddr is the address to listen at: a missing host (":7471") is the
-// IPv4 wildcard, every RDMA device, as net.Listen takes it for every
-// interface.
+// IPv4 wildcard, every RDMA device's IPv4 addresses.
 func listenAddr(address string) string {
 	if host, port, err := net.SplitHostPort(address); err == nil && host == "" {
 		return net.JoinHostPort(netip.IPv4Unspecified().String(), port)

@@ -60,7 +60,7 @@ func TestDialByNameListenOnEveryDevice(t *testing.T) {
 	}
 
 	// When every address fails, the error is the first one's, naming it.
-	d := Dialer{RDMA: quick, Resolver: names{"nowhere": {loopback}}}
+	d := Dialer{RDMA: quick, Resolver: names{"nowhere": {loopback, netip.MustParseAddr("127.0.0.2")}}}
 	_, err = d.DialContext(ctx, "tcp", "nowhere:7471")
 	var oe *net.OpError
 	require.ErrorAs(t, err, &oe)

@@ -9,6 +9,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/rdmago/rdmago/rdmacm/msg"
 )
 
 // names is a Resolver over a fixed table.
@@ -74,4 +76,30 @@ func TestListenAddr(t *testing.T) {
 	assert.Equal(t, "10.0.0.1:7471", listenAddr("10.0.0.1:7471"))
 	assert.Equal(t, "[fe80::1%eth0]:7471", listenAddr("[fe80::1%eth0]:7471"))
 	assert.Equal(t, "bad", listenAddr("bad"), "left for msg.Listen to refuse by name")
+}
+
+// cancelling is a Resolver whose lookup ends the dial's context, as a
+// caller giving up while the dial is under way would.
+type cancelling struct {
+	names
+	cancel context.CancelFunc
+}
+
+func (c cancelling) LookupNetIP(ctx context.Context, network, host string) ([]netip.Addr, error) {
+	c.cancel()
+	return c.names.LookupNetIP(ctx, network, host)
+}
+
+// A dial that ends with its context says so, whatever the address tried
+// failed with (here a setting msg.Dial refuses before it looks at the
+// context), as net.Dialer's does.
+func TestDialContextEndsWithItsContext(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	d := Dialer{Config: msg.Config{Credits: -1},
+		Resolver: cancelling{names{"peer": {netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("10.0.0.2")}}, cancel}}
+	_, err := d.DialContext(ctx, "tcp", "peer:7471")
+	assert.ErrorIs(t, err, context.Canceled)
+	var oe *net.OpError
+	require.ErrorAs(t, err, &oe)
+	assert.Equal(t, "10.0.0.1:7471", oe.Addr.String(), "the address being tried")
 }

@@ -372,8 +372,8 @@ type Dialer struct {
 // network may be "rdma", or "tcp", "tcp4" or "tcp6" for code that passes
 // those through (http.Transport.DialContext, grpc.WithContextDialer);
 // "tcp4" and "tcp6" keep to that address family. A host name is looked up
-// and its addresses tried in turn, as net.Dialer does, until one
-// connects; the error is the first address's.
+// and its addresses tried in turn, as net.Dialer does, until one connects
+// or ctx ends; the error is then ctx's, else the first address's.
 func (d *Dialer) DialContext(ctx context.Context, network, address string) (net.Conn, error) {
 	switch network {
 	case Network, "tcp", "tcp4", "tcp6", "":
@@ -390,11 +390,11 @@ func (d *Dialer) DialContext(ctx context.Context, network, address string) (net.
 		if err == nil {
 			return New(c), nil
 		}
+		if ctx.Err() != nil {
+			return nil, &net.OpError{Op: "dial", Net: Network, Addr: Addr{ap}, Err: ctx.Err()}
+		}
 		if first == nil {
 			first = &net.OpError{Op: "dial", Net: Network, Addr: Addr{ap}, Err: err}
-		}
-		if ctx.Err() != nil {
-			break
 		}
 	}
 	return nil, first
@@ -419,7 +419,8 @@ type Listener struct {
 // zero rdmacm.ListenConfig), with message connections sized by cfg (nil,
 // and its zero sizes: the stream's defaults, 64 KiB messages, 8 credits,
 // 8 send buffers). The address is numeric; without a host (":7471") it is
-// 0.0.0.0, every RDMA device.
+// 0.0.0.0, every RDMA device's IPv4 addresses (net.Listen's would be
+// IPv6's too; listen on [::] for those).
 func Listen(ctx context.Context, lc *rdmacm.ListenConfig, address string, cfg *msg.Config) (*Listener, error) {
 	l, err := msg.Listen(ctx, lc, listenAddr(address), withDefaults(cfg))
 	if err != nil {
