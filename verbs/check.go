@@ -208,6 +208,10 @@ func ValidateForPort(t QPType, from, to QPState, attr *QPAttr, mask AttrMask, po
 		bad(AttrAltPath, "the kernel refuses alternate paths on %v: the core handles them (APM) for InfiniBand only "+
 			"(_ib_modify_qp, drivers/infiniband/core/verbs.c), though the IBTA allows ALT_PATH there", port.Kind())
 	} else if mask&AttrAltPath != 0 {
+		if port.AltAttr.LinkLayer == LinkLayerEthernet {
+			bad(AttrAltPath, "alternate port %d is an Ethernet (RoCE) port: the kernel takes an alternate path only "+
+				"between InfiniBand ports (_ib_modify_qp)", attr.AltPortNum)
+		}
 		if port.AltAttr.GRHRequired && !attr.AltAH.IsGlobal {
 			bad(AttrAltPath, "alternate port %d requires a GRH on every address vector (its port flag GRH_REQUIRED): "+
 				"set AltAH.IsGlobal with GRH.DGID and GRH.SGIDIndex", attr.AltPortNum)

@@ -186,6 +186,9 @@ func TestValidateForPort(t *testing.T) {
 	assert.ErrorContains(t, err, "alternate port 2 requires a GRH")
 	alt.AltPKeyIndex, alt.AltAH.IsGlobal = 63, true
 	assert.NoError(t, ValidateForPort(QPTypeRC, QPStateRTS, QPStateRTS, alt, AttrAltPath, two))
+	two.AltAttr.LinkLayer = LinkLayerEthernet
+	assert.ErrorContains(t, ValidateForPort(QPTypeRC, QPStateRTS, QPStateRTS, alt, AttrAltPath, two),
+		"alternate port 2 is an Ethernet (RoCE) port")
 
 	iwarp := PortInfo{Device: "siw0", Port: 1, Transport: TransportIWARP, Attr: PortAttr{LinkLayer: LinkLayerEthernet, ActiveMTU: MTU1024}}
 	a, m = validRTR()
