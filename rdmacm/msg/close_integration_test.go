@@ -94,6 +94,64 @@ func TestDroppedConnIsClosed(t *testing.T) {
 	})
 }
 
+// A Listener dropped without Close is closed once the garbage collector
+// finds it unreachable: a dial then finds no listener, the connection it
+// accepted lives on, and nothing of it is left (checkNoLeaks: its cm_id
+// and its goroutine). While an Accept waits on it, it is kept.
+func TestDroppedListenerIsClosed(t *testing.T) {
+	forEachDevice(t, func(t *testing.T, d device) {
+		checkNoLeaks(t)
+		ctx := ctxFor(t, 60*time.Second)
+		addr := d.at(port())
+		accepted := make(chan *Conn, 1)
+		func() {
+			l, err := Listen(ctx, nil, addr, nil)
+			require.NoError(t, err)
+			go func() {
+				c, err := l.Accept(ctx) // keeps l until it returns
+				assert.NoError(t, err)
+				accepted <- c
+			}()
+		}()
+		for range 25 {
+			runtime.GC()
+			time.Sleep(20 * time.Millisecond)
+		}
+		client, err := Dial(ctx, nil, addr, nil)
+		require.NoError(t, err, "the Listener an Accept waits on still listens")
+		defer client.Close()
+		server := <-accepted
+		require.NotNil(t, server)
+		defer server.Close()
+
+		// Nothing refers to the Listener now. Until it is closed, a dial
+		// succeeds (its goroutine runs handshakes for Accepts to come), or
+		// once 16 wait, times out; then it is refused.
+		quick := &rdmacm.Dialer{ResolveRetries: -1, ConnConfig: rdmacm.ConnConfig{ConnectTimeout: 500 * time.Millisecond}}
+		var dialErr error
+		for start := time.Now(); time.Since(start) < 15*time.Second; {
+			runtime.GC()
+			var c *Conn
+			if c, dialErr = Dial(ctx, quick, addr, nil); dialErr == nil {
+				c.Close()
+				continue
+			}
+			if !errors.Is(dialErr, rdmacm.ErrTimeout) {
+				break
+			}
+		}
+		require.Error(t, dialErr, "a dial to the dropped Listener")
+		assert.NotErrorIs(t, dialErr, rdmacm.ErrTimeout, "the dropped Listener still listened")
+		t.Logf("%s: dial after the Listener was dropped: %v", d.name, dialErr)
+
+		require.NoError(t, client.Send(ctx, []byte("still up")))
+		m, err := server.Recv(ctx)
+		require.NoError(t, err, "the connection it accepted lives on")
+		assert.Equal(t, "still up", string(m.Bytes()))
+		m.Release()
+	})
+}
+
 // Messages held across Close stay readable and intact; Release after Close
 // is fine; the last release (or the garbage collector, for a message
 // dropped unreleased) frees the connection, and nothing leaks.

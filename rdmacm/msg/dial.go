@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"runtime"
 	"sync"
 
 	"github.com/rdmago/rdmago/rdmacm"
@@ -105,8 +106,17 @@ func parseAddr(s string) netip.AddrPort {
 	return a
 }
 
-// Listener accepts message connections: what Listen makes.
+// Listener accepts message connections: what Listen makes. One dropped
+// without Close is closed once the garbage collector finds it unreachable,
+// as a net.Listener's descriptor is; a blocked Accept keeps it.
 type Listener struct {
+	*listener
+	cleanup runtime.Cleanup
+}
+
+// listener is a Listener's state: what its goroutines refer to, so that
+// the handle alone decides when a dropped one is closed.
+type listener struct {
 	l     *rdmacm.Listener
 	o     Config
 	local hello
@@ -175,11 +185,17 @@ func Listen(ctx context.Context, lc *rdmacm.ListenConfig, address string, cfg *C
 	if err != nil {
 		return fail(err)
 	}
-	ml := &Listener{l: l, o: o, local: o.hello(), pending: make(chan struct{}, maxPending),
+	ml := &listener{l: l, o: o, local: o.hello(), pending: make(chan struct{}, maxPending),
 		results: make(chan accepted, maxPending), ended: make(chan struct{})}
 	ml.ctx, ml.cancel = context.WithCancel(context.Background())
-	return ml, nil
+	h := &Listener{listener: ml}
+	h.cleanup = runtime.AddCleanup(h, closeDroppedListener, ml)
+	return h, nil
 }
+
+// closeDroppedListener closes a Listener dropped without Close, on a
+// goroutine of its own (closing waits for the handshakes under way).
+func closeDroppedListener(l *listener) { go l.close() }
 
 // Addr is the address and port the listener is bound to.
 func (l *Listener) Addr() netip.AddrPort { return l.l.Addr() }
@@ -188,6 +204,12 @@ func (l *Listener) Addr() netip.AddrPort { return l.l.Addr() }
 // connections that Accept has not returned yet. A blocked Accept returns
 // an error matching ErrClosed.
 func (l *Listener) Close() error {
+	l.cleanup.Stop()
+	return l.close()
+}
+
+// close is Close's work, also for a Listener dropped without Close.
+func (l *listener) close() error {
 	l.mu.Lock()
 	if l.closed {
 		l.mu.Unlock()
@@ -228,6 +250,13 @@ func (l *Listener) Close() error {
 // listening. Sends on the returned connection wait for the dialer's HELLO
 // frame. After Close, Accept fails with an error matching ErrClosed.
 func (l *Listener) Accept(ctx context.Context) (*Conn, error) {
+	c, err := l.accept(ctx)
+	runtime.KeepAlive(l) // an Accept waiting for a dialer keeps its Listener
+	return c, err
+}
+
+// accept is Accept's work.
+func (l *listener) accept(ctx context.Context) (*Conn, error) {
 	fail := func(err error) (*Conn, error) { return nil, &OpError{Op: "accept", Local: l.l.Addr(), Err: err} }
 	if err := ctx.Err(); err != nil {
 		return fail(err)
@@ -264,7 +293,7 @@ func (l *Listener) Accept(ctx context.Context) (*Conn, error) {
 
 // run takes the requests and starts their handshakes, while fewer than
 // maxPending are under way or waiting for Accept.
-func (l *Listener) run() {
+func (l *listener) run() {
 	defer l.wg.Done()
 	var handshakes sync.WaitGroup
 	defer handshakes.Wait()
@@ -305,7 +334,7 @@ func (l *Listener) run() {
 }
 
 // handshake accepts one request whose hello was acceptable.
-func (l *Listener) handshake(req *rdmacm.ConnRequest, peer hello) (*conn, error) {
+func (l *listener) handshake(req *rdmacm.ConnRequest, peer hello) (*conn, error) {
 	var pool, probe *verbs.MR
 	hello := l.local.marshalProbe()
 	rc, err := req.AcceptWith(l.ctx, hello, func(s rdmacm.Setup) error {

@@ -406,7 +406,8 @@ func Dial(ctx context.Context, address string) (net.Conn, error) {
 	return d.DialContext(ctx, Network, address)
 }
 
-// Listener is a net.Listener of stream connections.
+// Listener is a net.Listener of stream connections. One dropped without
+// Close is closed by the garbage collector, as its msg.Listener is.
 type Listener struct {
 	l           *msg.Listener
 	addr        Addr

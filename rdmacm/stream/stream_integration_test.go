@@ -392,6 +392,38 @@ func TestCloseDoesNotHang(t *testing.T) {
 	})
 }
 
+// A Listener dropped without Close is closed once the garbage collector
+// finds it unreachable: a dial is then refused (while it listened, with no
+// Accept, a dial waited for its ConnectTimeout), and nothing is left.
+func TestDroppedListenerIsClosed(t *testing.T) {
+	forEachDevice(t, func(t *testing.T, d device) {
+		checkNoLeaks(t)
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		addr := d.next()
+		func() {
+			_, err := Listen(ctx, nil, addr, nil)
+			require.NoError(t, err)
+		}()
+		dl := Dialer{RDMA: rdmacm.Dialer{ResolveRetries: -1, ConnConfig: rdmacm.ConnConfig{ConnectTimeout: 500 * time.Millisecond}}}
+		var err error
+		for start := time.Now(); time.Since(start) < 15*time.Second; {
+			runtime.GC()
+			var c net.Conn
+			if c, err = dl.DialContext(ctx, Network, addr); err == nil {
+				c.Close()
+				continue
+			}
+			if !errors.Is(err, rdmacm.ErrTimeout) {
+				break // refused: no listener
+			}
+		}
+		require.Error(t, err, "a dial to the dropped Listener")
+		assert.NotErrorIs(t, err, rdmacm.ErrTimeout, "the dropped Listener still listened")
+		t.Logf("%s: dial after the Listener was dropped: %v", d.name, err)
+	})
+}
+
 // A Conn dropped without Close is closed once the garbage collector finds
 // it unreachable, as an *os.File is, also while it holds a message half
 // read: its peer reads what was written, then io.EOF, and nothing of it is
