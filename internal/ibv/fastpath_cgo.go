@@ -14,7 +14,8 @@ package ibv
 // libsiw's or librxe's is that provider's struct, and only the rdmav34
 // builds have the struct layouts that the checks of siwQPFor and rxeQPFor
 // read: an older librxe's structs are smaller, and reading past them could
-// fault. The others take the C path.
+// fault. (librxe's also moved within the rdmav34 builds: rxeUsable.) The
+// others take the C path.
 static int rdmago_provider_of(void *fn) {
 	Dl_info info;
 	if (fn == NULL || dladdr(fn, &info) == 0 || info.dli_fname == NULL) {

@@ -4,9 +4,12 @@ package ibv
 
 /*
 #cgo LDFLAGS: -libverbs
+#define _GNU_SOURCE
+#include <link.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #include <infiniband/verbs.h>
 #include <rdma/rdma_user_rxe.h>
 
@@ -33,9 +36,32 @@ struct rdmago_rxe_qp {
 	struct mminfo sq_mmap_info;
 	struct rdmago_rxe_wq sq;
 };
-// The offsets bench/cgofree.md read off librxe 44 on x86-64.
-_Static_assert(offsetof(struct rdmago_rxe_cq, queue) == 304 && offsetof(struct rdmago_rxe_qp, rq) == 384 &&
-	offsetof(struct rdmago_rxe_qp, sq) == 424, "struct rxe_cq, rxe_qp");
+// Whether these copies, built with this machine's headers, have the
+// offsets bench/cgofree.md read off librxe 44 on x86-64. struct ibv_qp_ex
+// grew in rdma-core 44 (wr_atomic_write) and 45 (wr_flush), which moves
+// rxe_qp's queues, though every release from 34 to 56 names its librxe
+// librxe-rdmav34.so: with other headers, rxe takes the C path.
+static int rdmago_rxe_layout_44(void) {
+	return offsetof(struct rdmago_rxe_cq, queue) == 304 && offsetof(struct rdmago_rxe_qp, rq) == 384 &&
+		offsetof(struct rdmago_rxe_qp, sq) == 424;
+}
+
+static int rdmago_find_ibverbs(struct dl_phdr_info *info, size_t size, void *data) {
+	const char *name = info->dlpi_name;
+	if (name != NULL && strstr(name, "/libibverbs.so") != NULL) {
+		*(char **)data = realpath(name, NULL);
+		return 1;
+	}
+	return 0;
+}
+
+// rdmago_ibverbs_path is the file the process's libibverbs was loaded
+// from, links resolved (libibverbs.so.1.14.44.0), for free(); or NULL.
+static char *rdmago_ibverbs_path(void) {
+	char *path = NULL;
+	dl_iterate_phdr(rdmago_find_ibverbs, &path);
+	return path;
+}
 
 // A queue whose mapping is as the kernel sized it (rxe_queue_init,
 // rxe_create_mmap_info): a power of two of slots of at least min bytes,
@@ -145,9 +171,56 @@ static struct rdmago_rxe_cq_queue rdmago_rxe_cq(struct ibv_cq *base) {
 import "C"
 
 import (
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
 	"syscall"
 	"unsafe"
 )
+
+// rxeUsable tells whether librxe's structs are rdma-core 44's, which the
+// Go path reads: in the headers this package was built with, and in the
+// libibverbs the process runs with (its librxe comes from the same
+// release). A binary built on Debian 12 and run with rdma-core 39 would
+// otherwise read a pointer where librxe 39 keeps a lock, and fault.
+var rxeUsable = sync.OnceValue(func() bool {
+	return rxeLayout44() && rdmaCoreRelease(ibverbsPath()) == 44
+})
+
+// rxeLayout44 tells whether the headers this package was built with lay
+// librxe's structs out as rdma-core 44's.
+func rxeLayout44() bool { return C.rdmago_rxe_layout_44() != 0 }
+
+// ibverbsPath is the file the process's libibverbs was loaded from, links
+// resolved, or "".
+func ibverbsPath() string {
+	p := C.rdmago_ibverbs_path()
+	if p == nil {
+		return ""
+	}
+	defer C.free(unsafe.Pointer(p))
+	return C.GoString(p)
+}
+
+// rdmaCoreRelease is the rdma-core release of a libibverbs file, named
+// libibverbs.so.1.<ABI>.<release>.<patch>: 44 for libibverbs.so.1.14.44.0;
+// -1 for another name.
+func rdmaCoreRelease(path string) int {
+	rest, ok := strings.CutPrefix(filepath.Base(path), "libibverbs.so.1.")
+	if !ok {
+		return -1
+	}
+	parts := strings.Split(rest, ".")
+	if len(parts) < 2 {
+		return -1
+	}
+	n, err := strconv.Atoi(parts[1])
+	if err != nil || n < 0 {
+		return -1
+	}
+	return n
+}
 
 // rxeQueueOf reads a queue's element size and mask once: the kernel keeps
 // its own copies and never reads them back, and they do not change.
@@ -169,6 +242,9 @@ func rawWrite(fd int, cmd unsafe.Pointer, size uintptr) syscall.Errno {
 // rxeQPFor returns the Go data path for a librxe (providerOf) RC or UC QP
 // and the C memory it holds (freed with the QP), or nil.
 func rxeQPFor(qp *C.struct_ibv_qp) (*rxeQP, unsafe.Pointer) {
+	if !rxeUsable() {
+		return nil, nil
+	}
 	r := C.rdmago_rxe_qp(qp)
 	if r.why != nil { // names the check that failed, for a debugger
 		return nil, nil
@@ -185,6 +261,9 @@ func rxeQPFor(qp *C.struct_ibv_qp) (*rxeQP, unsafe.Pointer) {
 // rxeCQFor returns the Go data path for a librxe CQ (providerOf) and the C
 // memory it holds, or nil.
 func rxeCQFor(cq *C.struct_ibv_cq) (*rxeCQ, unsafe.Pointer) {
+	if !rxeUsable() {
+		return nil, nil
+	}
 	r := C.rdmago_rxe_cq(cq)
 	if r.why != nil { // names the check that failed, for a debugger
 		return nil, nil
