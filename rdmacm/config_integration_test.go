@@ -3,7 +3,9 @@
 package rdmacm_test
 
 import (
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -91,4 +93,69 @@ func TestConfigConventionsReachTheQP(t *testing.T) {
 			})
 		}
 	}
+}
+
+// A connection made without reads on one side (the dialer's InitiatorDepth
+// or the listener's ResponderResources negative) refuses an RDMA READ from
+// that side at the post, naming the depth: rxe and siw would keep the READ
+// at the head of the send queue for ever, and every send after it. The
+// other side's reads still go. On siw, whose query reports the outbound
+// and inbound read queues the other way round, each case has one side with
+// reads out and none in and the other the reverse, so a check that read the
+// wrong one would refuse the good READ or let the stuck one through. (siw
+// keeps a listener's IRD of 0 from its QPs: there the dialer reads.)
+func TestReadWithoutInitiatorDepthIsRefused(t *testing.T) {
+	forEachDevice(t, func(t *testing.T, d device) {
+		for _, tc := range []struct {
+			name             string
+			dialer, listener rdmacm.ConnConfig
+			refusedOnIWARP   bool
+		}{
+			{"dialer without InitiatorDepth", rdmacm.ConnConfig{InitiatorDepth: -1}, rdmacm.ConnConfig{}, true},
+			// siw applies neither side's IRD of 0 (both QPs report
+			// 128 and 128): the dialer's READ goes.
+			{"listener without ResponderResources", rdmacm.ConnConfig{}, rdmacm.ConnConfig{ResponderResources: -1}, false},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				checkNoLeaks(t)
+				client, server := pairWith(t, d, &rdmacm.Dialer{ConnConfig: tc.dialer},
+					&rdmacm.ListenConfig{ConnConfig: tc.listener})
+				ctx := ctxFor(t, 10*time.Second)
+				access := verbs.AccessLocalWrite | verbs.AccessRemoteRead
+				cmr, err := client.RegisterMemory(4096, access)
+				require.NoError(t, err)
+				smr, err := server.RegisterMemory(4096, access)
+				require.NoError(t, err)
+
+				copy(smr.Bytes(), "the listener's bytes")
+				err = client.RDMARead(ctx, cmr, 0, 20, rdmacm.RemoteBufferOf(smr, 0, 20))
+				if d.iwarp && !tc.refusedOnIWARP {
+					require.NoError(t, err)
+					assert.Equal(t, "the listener's bytes", string(cmr.Bytes()[:20]))
+					return
+				}
+				assert.ErrorIs(t, err, syscall.EINVAL)
+				assert.ErrorContains(t, err, "RDMA_READ")
+				if d.iwarp {
+					assert.ErrorContains(t, err, "the QP's ORD (iWARP's initiator depth")
+				} else {
+					assert.ErrorContains(t, err, "the QP's initiator depth (max_rd_atomic")
+				}
+				assert.ErrorContains(t, err, "nothing was posted")
+
+				// Nothing was queued: a send from the same QP goes out.
+				require.NoError(t, server.PostRecv(smr, 1024, 64))
+				copy(cmr.Bytes()[2048:], "after the refused read")
+				require.NoError(t, client.Send(ctx, cmr, 2048, 22))
+				wc, err := server.Recv(ctx)
+				require.NoError(t, err)
+				assert.Equal(t, "after the refused read", string(smr.Bytes()[1024:1024+wc.ByteLen]))
+
+				// The other side may read.
+				copy(cmr.Bytes()[512:], "the dialer's bytes")
+				require.NoError(t, server.RDMARead(ctx, smr, 3072, 18, rdmacm.RemoteBufferOf(cmr, 512, 18)))
+				assert.Equal(t, "the dialer's bytes", string(smr.Bytes()[3072:3072+18]))
+			})
+		}
+	})
 }

@@ -211,3 +211,67 @@ func TestSizesAboveTheDeviceSayWhich(t *testing.T) {
 	assert.ErrorContains(t, err, fmt.Sprintf("Cap.MaxSendWR %d is above the device's %d", attr.MaxQPWR+1, attr.MaxQPWR))
 	assert.ErrorContains(t, err, fmt.Sprintf("Cap.MaxRecvSGE %d is above the device's %d", attr.MaxSGE+1, attr.MaxSGE))
 }
+
+// A QP taken to RTS with an initiator depth of 0 (MaxRdAtomic) refuses an
+// RDMA READ or atomic at the post: rxe would keep it at the head of the
+// send queue for ever, and every request after it. The depth is read again
+// after a Modify, so once it is raised (SQD→SQD) the READ goes.
+func TestReadWithoutInitiatorDepthIsRefused(t *testing.T) {
+	checkNoLeaks(t)
+	dev, pd, port, gid, gidIndex := openRXE(t)
+	a, b := newEndpoint(t, dev, pd, verbs.QPTypeRC), newEndpoint(t, dev, pd, verbs.QPTypeRC)
+	steps, err := verbs.QPSetup{Type: verbs.QPTypeRC, Port: 1, SQPSN: 1,
+		Access:   verbs.AccessRemoteWrite | verbs.AccessRemoteRead | verbs.AccessRemoteAtomic,
+		Remote:   verbs.Remote{QPN: b.qp.QPN, PSN: 2, GID: gid},
+		PathAttr: verbs.PathAttr{Global: true, SGIDIndex: uint8(gidIndex), LocalActiveMTU: port.ActiveMTU},
+	}.Steps()
+	require.NoError(t, err)
+	steps[2].Attr.MaxRdAtomic = 0 // RTR→RTS: the depth given as 0
+	for _, s := range steps {
+		require.NoError(t, a.qp.Modify(&s.Attr, s.Mask), "%v", s.Transition)
+	}
+	connectByHand(t, verbs.QPTypeRC, b, a.qp.QPN, 2, 1, gid, gidIndex, port.ActiveMTU)
+	q, err := a.qp.Query(verbs.AttrMaxQPRdAtomic)
+	require.NoError(t, err)
+	require.Zero(t, q.MaxRdAtomic)
+
+	copy(b.mr.Bytes()[256:], "bytes to read")
+	read := verbs.SendWR{ID: 0x81, Opcode: verbs.OpRDMARead, Flags: verbs.SendSignaled,
+		SGEs: []verbs.SGE{a.mr.SGE(128, 13)}, RemoteAddr: b.mr.Addr() + 256, RKey: b.mr.RKey}
+	atomic := verbs.SendWR{ID: 0x82, Opcode: verbs.OpAtomicFetchAdd, Flags: verbs.SendSignaled,
+		SGEs: []verbs.SGE{a.mr.SGE(512, 8)}, RemoteAddr: b.mr.Addr() + 512, RKey: b.mr.RKey, CompareAdd: 1}
+	send := verbs.SendWR{ID: 0x83, Opcode: verbs.OpSend, Flags: verbs.SendSignaled, SGEs: []verbs.SGE{a.mr.SGE(0, 8)}}
+	for _, wrs := range [][]verbs.SendWR{{read}, {atomic}, {send, read}} {
+		err := a.qp.PostSend(wrs...)
+		assert.ErrorIs(t, err, syscall.EINVAL)
+		assert.ErrorContains(t, err, fmt.Sprintf("work request %d (%v, ID %#x) of %d", len(wrs)-1, wrs[len(wrs)-1].Opcode,
+			wrs[len(wrs)-1].ID, len(wrs)))
+		assert.ErrorContains(t, err, "initiator depth (max_rd_atomic: the RDMA READs and atomics it may have outstanding) is 0")
+		assert.ErrorContains(t, err, "MaxRdAtomic of at least 1 at RTR→RTS")
+		assert.ErrorContains(t, err, "nothing was posted")
+	}
+
+	// Nothing was queued: a send goes out and completes.
+	require.NoError(t, b.qp.PostRecv(verbs.RecvWR{ID: 1, SGEs: []verbs.SGE{b.mr.SGE(0, 64)}}))
+	require.NoError(t, a.qp.PostSend(send))
+	assert.Equal(t, uint64(0x83), waitWC(t, a.cq).ID)
+	assert.Equal(t, uint64(1), waitWC(t, b.cq).ID)
+
+	// Raised in SQD, the depth is read again and the READ goes.
+	require.NoError(t, a.qp.Modify(&verbs.QPAttr{State: verbs.QPStateSQD}, verbs.AttrState))
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		q, err := a.qp.Query(verbs.AttrState)
+		require.NoError(t, err)
+		if !q.SQDraining {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "the send queue drains")
+		time.Sleep(time.Millisecond)
+	}
+	require.NoError(t, a.qp.Modify(&verbs.QPAttr{MaxRdAtomic: 1}, verbs.AttrMaxQPRdAtomic))
+	require.NoError(t, a.qp.Modify(&verbs.QPAttr{State: verbs.QPStateRTS}, verbs.AttrState))
+	require.NoError(t, a.qp.PostSend(read))
+	assert.Equal(t, verbs.WCRDMARead, waitWC(t, a.cq).Opcode)
+	assert.Equal(t, "bytes to read", string(a.mr.Bytes()[128:141]))
+}

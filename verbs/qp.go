@@ -29,6 +29,10 @@ type QP struct {
 	// cqs are the CQs the QP was made on, counted as their users until
 	// it is destroyed.
 	cqs cqUse
+	// initDepth is the QP's initiator depth as the device reports it once
+	// the QP is in RTS, or -1 until the first RDMA READ or atomic posted
+	// since the last Modify asks (see initDepthProblem).
+	initDepth int
 }
 
 // CreateQP creates a queue pair in RESET.
@@ -54,7 +58,7 @@ func (p *PD) CreateQP(init QPInit) (*QP, error) {
 		}
 		return nil, e
 	}
-	return &QP{Type: init.Type, QPN: qp.Num(), pd: p, qp: qp, state: QPStateReset, cqs: cqs}, nil
+	return &QP{Type: init.Type, QPN: qp.Num(), pd: p, qp: qp, state: QPStateReset, cqs: cqs, initDepth: -1}, nil
 }
 
 // capOverLimit names the sizes of cap above the device's limits, for the
@@ -134,7 +138,7 @@ func (c *CQ) handle() *ibv.CQ {
 // adoptQP wraps a QP that librdmacm created on pd and moves through its
 // states: State queries the QP, and Close has librdmacm destroy it.
 func adoptQP(pd *PD, qp *ibv.QP, t QPType, cqs cqUse) *QP {
-	return &QP{Type: t, QPN: qp.Num(), pd: pd, qp: qp, state: QPState(qp.State()), adopted: true, cqs: cqs}
+	return &QP{Type: t, QPN: qp.Num(), pd: pd, qp: qp, state: QPState(qp.State()), adopted: true, cqs: cqs, initDepth: -1}
 }
 
 // State is the state the last successful [QP.Modify] left the QP in. The device
@@ -271,6 +275,7 @@ func (q *QP) Modify(attr *QPAttr, mask AttrMask) error {
 		return e
 	}
 	q.state, q.port = to, port
+	q.initDepth = -1
 	return nil
 }
 
@@ -341,8 +346,9 @@ func (q *QP) closedError(op string) error {
 // addresses must be registered memory ([MR.SGE]), never the Go heap.
 //
 // A request the QP cannot carry (checked in Go first: the opcode for the
-// QP type and transport, a UD send's AH, an atomic's 8 aligned bytes)
-// fails the call with nothing posted. When the provider takes only part
+// QP type and transport, a UD send's AH, an atomic's 8 aligned bytes, an
+// RDMA READ or atomic on a QP whose initiator depth is 0, which the device
+// would never send) fails the call with nothing posted. When the provider takes only part
 // of the batch, the error wraps a [*PostError] (errors.As): its first
 // Posted requests were posted and will complete; post again from there.
 func (q *QP) PostSend(wrs ...SendWR) error {
@@ -390,7 +396,11 @@ func (q *QP) postSend(wrs []SendWR) error {
 	total := 0
 	iwarp := q.pd.dev.Info.Transport == TransportIWARP
 	for i := range wrs {
-		if why := sendWRProblem(q.Type, iwarp, &wrs[i]); why != "" {
+		why := sendWRProblem(q.Type, iwarp, &wrs[i])
+		if why == "" && wrs[i].Opcode.readsOrAtomic() {
+			why = q.initDepthProblem(iwarp)
+		}
+		if why != "" {
 			return &OpError{Op: "ibv_post_send", Device: q.pd.dev.Info.Name, QPN: q.QPN, Err: syscall.EINVAL,
 				Detail: fmt.Sprintf("work request %d (%v, ID %#x) of %d", i, wrs[i].Opcode, wrs[i].ID, len(wrs)), Hint: why + "; nothing was posted"}
 		}
