@@ -89,10 +89,11 @@ type ConnConfig struct {
 	RNRRetryCount int
 	// ResponderResources and InitiatorDepth bound RDMA reads and atomics in
 	// flight; zero means the device's maximum, negative none (the passive
-	// side also caps them at what the peer offered). A side left with an
-	// initiator depth of 0 (its own InitiatorDepth or, on InfiniBand and
-	// RoCE, the peer's ResponderResources negative) has its reads refused
-	// at the post: the device would never send them.
+	// side also caps them at what the peer offered). A side whose QP
+	// reports an initiator depth of 0 (rxe's and siw's, when this side's
+	// InitiatorDepth is negative; rxe's also when the peer's
+	// ResponderResources is) has its reads refused at the post
+	// ([verbs.ErrNoInitiatorDepth]): the device would not send them.
 	ResponderResources int
 	InitiatorDepth     int
 

@@ -135,11 +135,12 @@ func TestReadWithoutInitiatorDepthIsRefused(t *testing.T) {
 					return
 				}
 				assert.ErrorIs(t, err, syscall.EINVAL)
+				assert.ErrorIs(t, err, verbs.ErrNoInitiatorDepth)
 				assert.ErrorContains(t, err, "RDMA_READ")
 				if d.iwarp {
-					assert.ErrorContains(t, err, "the QP's ORD (iWARP's initiator depth")
+					assert.ErrorContains(t, err, "siw keeps such a READ at the head of the send queue")
 				} else {
-					assert.ErrorContains(t, err, "the QP's initiator depth (max_rd_atomic")
+					assert.ErrorContains(t, err, "rxe keeps it at the head of the send queue")
 				}
 				assert.ErrorContains(t, err, "nothing was posted")
 

@@ -244,9 +244,11 @@ func TestReadWithoutInitiatorDepthIsRefused(t *testing.T) {
 	for _, wrs := range [][]verbs.SendWR{{read}, {atomic}, {send, read}} {
 		err := a.qp.PostSend(wrs...)
 		assert.ErrorIs(t, err, syscall.EINVAL)
+		assert.ErrorIs(t, err, verbs.ErrNoInitiatorDepth)
 		assert.ErrorContains(t, err, fmt.Sprintf("work request %d (%v, ID %#x) of %d", len(wrs)-1, wrs[len(wrs)-1].Opcode,
 			wrs[len(wrs)-1].ID, len(wrs)))
-		assert.ErrorContains(t, err, "initiator depth (max_rd_atomic: the RDMA READs and atomics it may have outstanding) is 0")
+		assert.ErrorContains(t, err, "the QP's initiator depth is 0")
+		assert.ErrorContains(t, err, "rxe keeps it at the head of the send queue")
 		assert.ErrorContains(t, err, "MaxRdAtomic of at least 1 at RTR→RTS")
 		assert.ErrorContains(t, err, "nothing was posted")
 	}

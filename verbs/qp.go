@@ -348,7 +348,8 @@ func (q *QP) closedError(op string) error {
 // A request the QP cannot carry (checked in Go first: the opcode for the
 // QP type and transport, a UD send's AH, an atomic's 8 aligned bytes, an
 // RDMA READ or atomic on a QP whose initiator depth is 0, which the device
-// would never send) fails the call with nothing posted. When the provider takes only part
+// would never send: [ErrNoInitiatorDepth]) fails the call with nothing
+// posted. When the provider takes only part
 // of the batch, the error wraps a [*PostError] (errors.As): its first
 // Posted requests were posted and will complete; post again from there.
 func (q *QP) PostSend(wrs ...SendWR) error {
@@ -396,12 +397,12 @@ func (q *QP) postSend(wrs []SendWR) error {
 	total := 0
 	iwarp := q.pd.dev.Info.Transport == TransportIWARP
 	for i := range wrs {
-		why := sendWRProblem(q.Type, iwarp, &wrs[i])
+		why, reason := sendWRProblem(q.Type, iwarp, &wrs[i]), error(syscall.EINVAL)
 		if why == "" && wrs[i].Opcode.readsOrAtomic() {
-			why = q.initDepthProblem(iwarp)
+			why, reason = q.initDepthProblem(iwarp), ErrNoInitiatorDepth
 		}
 		if why != "" {
-			return &OpError{Op: "ibv_post_send", Device: q.pd.dev.Info.Name, QPN: q.QPN, Err: syscall.EINVAL,
+			return &OpError{Op: "ibv_post_send", Device: q.pd.dev.Info.Name, QPN: q.QPN, Err: reason,
 				Detail: fmt.Sprintf("work request %d (%v, ID %#x) of %d", i, wrs[i].Opcode, wrs[i].ID, len(wrs)), Hint: why + "; nothing was posted"}
 		}
 		total += len(wrs[i].SGEs)

@@ -132,6 +132,15 @@ func (c *conn) keepaliveTick() {
 		return
 	case !ka.probeOut && now.Sub(ka.aliveAt) >= ka.every:
 		err := c.qp.PostSend(ka.wr)
+		if errors.Is(err, verbs.ErrNoInitiatorDepth) {
+			// Refused in Go, nothing posted: no teardown to wait for.
+			c.failLocked(&kindError{ErrTransport, fmt.Errorf("Config.KeepAlive probes with an RDMA READ, and this "+
+				"connection has none: the peer granted no responder resources (its ConnConfig.ResponderResources "+
+				"is negative); turn KeepAlive off on one side or grant reads on the other: %w", err)})
+			c.mu.Unlock()
+			c.disconnect()
+			return
+		}
 		if err != nil {
 			if c.rc.Err() == nil {
 				c.refusedLocked(&kindError{ErrTransport, fmt.Errorf("post a keepalive probe: %w", err)})

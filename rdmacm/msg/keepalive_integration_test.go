@@ -15,7 +15,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/rdmago/rdmago/rdmacm"
 	"github.com/rdmago/rdmago/test/testbed"
+	"github.com/rdmago/rdmago/verbs"
 )
 
 // An idle connection whose peer is alive answers every probe and stays
@@ -40,6 +42,33 @@ func TestKeepaliveKeepsAnIdleConnection(t *testing.T) {
 		assert.Equal(t, "still there?", string(m.Bytes()))
 		m.Release()
 	})
+}
+
+// A peer that grants no RDMA READs (its ResponderResources negative) leaves
+// this side's QP with an initiator depth of 0 on rxe: the first probe is
+// refused at the post, and the connection fails at once saying why,
+// rather than waiting for a teardown that a refusal usually foretells.
+// (siw does not apply a peer's IRD of 0: there the probes go.)
+func TestKeepaliveWithoutReadsFailsSayingWhy(t *testing.T) {
+	checkNoLeaks(t)
+	d := rxe(t)
+	addr := d.at(port())
+	l, err := Listen(ctxFor(t, 5*time.Second), &rdmacm.ListenConfig{ConnConfig: rdmacm.ConnConfig{ResponderResources: -1}},
+		addr, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, l.Close()) })
+	ctx := ctxFor(t, 20*time.Second)
+	client, server := dialAccept(t, ctx, l, addr, &Config{KeepAlive: 20 * time.Millisecond})
+	t.Cleanup(func() {
+		assert.NoError(t, client.Close())
+		assert.NoError(t, server.Close())
+	})
+	_, err = client.Recv(ctx)
+	assert.ErrorIs(t, err, ErrTransport)
+	assert.ErrorIs(t, err, verbs.ErrNoInitiatorDepth)
+	assert.ErrorContains(t, err, "the peer granted no responder resources (its ConnConfig.ResponderResources is negative)")
+	_, err = server.Recv(ctx)
+	assert.Error(t, err, "the dialer disconnected")
 }
 
 // On iWARP a peer that vanishes leaves TCP retransmitting for minutes; with
