@@ -254,7 +254,9 @@ func (c *conn) end(kind error, ev *Event) {
 			e.Event, e.Status = ev.Type.String(), ev.Status
 		}
 		c.err = e
-		if c.qp != nil && c.qp.Type != verbs.QPTypeUD {
+		if c.qp != nil {
+			// UD too: left in RTS, its posted receives would keep
+			// taking datagrams into buffers the caller now thinks idle.
 			c.qp.Modify(&verbs.QPAttr{State: verbs.QPStateErr}, verbs.AttrState)
 		}
 		close(c.done)

@@ -154,6 +154,22 @@ func TestUD(t *testing.T) {
 			_, err = client.Recv(ctx)
 			require.NoError(t, err)
 			assert.Equal(t, "pong", string(cmr.Bytes()[4096+verbs.GRHSize:4096+verbs.GRHSize+4]))
+
+			// Ended (here by the CM's word that the local address moved),
+			// the dialer's QP takes no more datagrams: its posted receive
+			// comes back flushed, and its buffer stays as it was.
+			require.NoError(t, client.PostRecv(cmr, 4096, verbs.GRHSize+1024))
+			rdmacm.DeliverEvent(client, rdmacm.EventAddrChange)
+			assert.ErrorIs(t, client.Err(), rdmacm.ErrAddrChanged)
+			wc, err = client.Recv(ctx)
+			assert.ErrorIs(t, err, rdmacm.ErrEnded)
+			assert.Equal(t, verbs.WCWRFlushErr, wc.Status, "the receive posted before the end is flushed")
+			copy(smr.Bytes()[2048:], "late")
+			require.NoError(t, server.SendTo(ctx, smr, 2048, 4, back))
+			time.Sleep(100 * time.Millisecond) // a datagram the QP took would have landed by now
+			assert.Equal(t, "pong", string(cmr.Bytes()[4096+verbs.GRHSize:4096+verbs.GRHSize+4]))
+			_, err = client.Recv(ctx)
+			assert.ErrorIs(t, err, rdmacm.ErrEnded)
 		})
 	}
 }
@@ -183,6 +199,11 @@ func TestUDRefusedOnIWARP(t *testing.T) {
 	_, err = rdmacm.DialUD(ctxFor(t, 10*time.Second), d.at(port()))
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "no UD")
+	_, err = (&rdmacm.Dialer{Source: mustAddr(d.addr)}).JoinMulticast(ctxFor(t, 10*time.Second), mustAddr("239.1.2.3"))
+	require.Error(t, err)
+	assert.ErrorContains(t, err, "join multicast")
+	assert.ErrorContains(t, err, "iWARP has no UD and no multicast")
+	assert.ErrorContains(t, err, "from a RoCE or InfiniBand device")
 }
 
 func TestMulticast(t *testing.T) {

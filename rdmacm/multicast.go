@@ -109,7 +109,9 @@ func (e *endpoint) join(ctx context.Context, group netip.Addr) (*conn, error) {
 	}
 	if dev, err := e.id.Device(); err == nil && dev.Info.Transport == verbs.TransportIWARP {
 		// Before prepare, whose UD QP siw refuses with a bare EOPNOTSUPP.
-		return nil, e.fail("join multicast", nil, errors.New("iWARP has no UD and no multicast"))
+		oe := e.fail("join multicast", nil, errors.New("iWARP has no UD and no multicast"))
+		oe.Hint = "join the group from a RoCE or InfiniBand device (Dialer.Source picks it)"
+		return nil, oe
 	}
 	if err := e.prepare(); err != nil {
 		return nil, err
