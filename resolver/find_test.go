@@ -28,15 +28,17 @@ func TestFindPort(t *testing.T) {
 		{Device: "rxe9", Port: 1, Transport: verbs.TransportIB, LinkLayer: verbs.LinkLayerEthernet,
 			GIDs: []verbs.GIDEntry{{Index: 0, Netdev: "eth0"}}},
 	}}
-	p, others := findPort(table, "eth0", net.HardwareAddr{1, 2, 3, 4, 5, 6})
-	assert.Equal(t, "mlx5_0", p.Device)
-	assert.Len(t, others, 1, "a second device on the same netdev is reported")
-	p, _ = findPort(table, "eth1", mac)
-	assert.Equal(t, "siw0", p.Device, "iWARP by the MAC in its GID")
-	p, _ = findPort(table, "ib0", ipoib)
-	assert.Equal(t, "mlx4_0", p.Device, "InfiniBand by the GID in the IPoIB address")
-	p, _ = findPort(table, "eth9", net.HardwareAddr{9, 9, 9, 9, 9, 9})
-	assert.Nil(t, p)
+	ps := findPorts(table, "eth0", net.HardwareAddr{1, 2, 3, 4, 5, 6})
+	require.Len(t, ps, 2, "a second device on the same netdev is found")
+	assert.Equal(t, "mlx5_0", ps[0].Device)
+	assert.Equal(t, "rxe9", ps[1].Device)
+	ps = findPorts(table, "eth1", mac)
+	require.Len(t, ps, 1)
+	assert.Equal(t, "siw0", ps[0].Device, "iWARP by the MAC in its GID")
+	ps = findPorts(table, "ib0", ipoib)
+	require.Len(t, ps, 1)
+	assert.Equal(t, "mlx4_0", ps[0].Device, "InfiniBand by the GID in the IPoIB address")
+	assert.Empty(t, findPorts(table, "eth9", net.HardwareAddr{9, 9, 9, 9, 9, 9}))
 }
 
 func TestResolveHostFamily(t *testing.T) {
@@ -84,16 +86,15 @@ func TestFindPortTakesTheDeviceRegisteredFirst(t *testing.T) {
 			GIDs: []verbs.GIDEntry{{Index: 0, Netdev: "eth0"}}},
 	}}
 	mac := net.HardwareAddr{0x52, 0x54, 0, 0x12, 0x34, 0x56}
-	p, _ := findPort(table, "eth0", mac)
-	assert.Equal(t, "aaa0", p.Device, "unordered: the first listed")
+	assert.Equal(t, "aaa0", findPorts(table, "eth0", mac)[0].Device, "unordered: the first listed")
 	table.orderBy(map[string]int{"rxe0": 1, "aaa0": 3})
 	assert.True(t, table.Ordered)
-	p, others := findPort(table, "eth0", mac)
-	assert.Equal(t, "rxe0", p.Device, "registered first")
-	assert.Equal(t, 1, p.DeviceIndex)
-	require.Len(t, others, 1)
-	assert.Equal(t, "aaa0", others[0].Device)
-	assert.Equal(t, 3, others[0].DeviceIndex)
+	ps := findPorts(table, "eth0", mac)
+	require.Len(t, ps, 2)
+	assert.Equal(t, "rxe0", ps[0].Device, "registered first")
+	assert.Equal(t, 1, ps[0].DeviceIndex)
+	assert.Equal(t, "aaa0", ps[1].Device)
+	assert.Equal(t, 3, ps[1].DeviceIndex)
 
 	// A device the kernel's list lacks (renamed since) goes last, and the
 	// table does not claim the kernel's order.

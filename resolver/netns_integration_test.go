@@ -4,9 +4,13 @@ package resolver_test
 
 import (
 	"context"
+	"fmt"
+	"net"
 	"net/netip"
 	"os/exec"
+	"slices"
 	"testing"
+	"testing/fstest"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -32,10 +36,17 @@ func TestResolveRoutesInNetns(t *testing.T) {
 	sh("link", "set", "lo", "up")
 	for _, l := range []string{"dummy0", "dummy1", "dummy2", "dummy3"} {
 		sh("link", "add", l, "type", "dummy")
+		if l == "dummy0" {
+			sh("link", "set", l, "addrgenmode", "none") // its one link-local address is fe80::1, below
+		}
 		sh("link", "set", l, "up")
 	}
 	sh("link", "add", "link", "dummy0", "name", "dummy0.7", "type", "vlan", "id", "7")
 	sh("link", "set", "dummy0.7", "up")
+	sh("link", "add", "link", "dummy2", "name", "dummy2.9", "type", "vlan", "id", "9")
+	sh("link", "set", "dummy2.9", "up")
+	sh("addr", "add", "10.9.0.1/24", "dev", "dummy2.9")
+	sh("addr", "add", "fe80::1/64", "dev", "dummy0", "nodad")
 	sh("addr", "add", "10.1.0.1/24", "dev", "dummy0")
 	sh("addr", "add", "fd01::1/64", "dev", "dummy0", "nodad")
 	sh("addr", "add", "10.2.0.1/24", "dev", "dummy1")
@@ -160,6 +171,91 @@ func TestResolveRoutesInNetns(t *testing.T) {
 			return err
 		})
 		assert.ErrorIs(t, err, resolver.ErrGIDTypeUnavailable)
+	})
+	resolveWith := func(dst string, opts resolver.Options) (*resolver.Path, error) {
+		var p *resolver.Path
+		err := testbed.InNetns(ns, func() error {
+			if opts.Table == nil {
+				opts.Table = table
+			}
+			var err error
+			p, err = resolver.Resolve(context.Background(), netip.MustParseAddr(dst), opts)
+			return err
+		})
+		return p, err
+	}
+	t.Run("Interface against the source's netdev", func(t *testing.T) {
+		// The kernel CM has no interface option: the source decides.
+		_, err := resolveWith("10.99.1.1", resolver.Options{Source: netip.MustParseAddr("10.1.0.1"), Interface: "dummy1"})
+		assert.ErrorIs(t, err, resolver.ErrSourceNotOnEgress)
+		assert.ErrorContains(t, err, `source 10.1.0.1 is on dummy0, but Options.Interface is "dummy1"`)
+		p, err := resolveWith("10.99.1.1", resolver.Options{Source: netip.MustParseAddr("10.1.0.1"), Interface: "dummy0"})
+		require.NoError(t, err, "the source's own netdev")
+		assert.Equal(t, "dummy0", p.Netdev)
+	})
+	t.Run("zone of an address that is not link-local", func(t *testing.T) {
+		// Ignored, as the kernel CM ignores such a scope: the address
+		// names its netdev.
+		p, err := resolve("fd01::50", "fd01::1%dummy1")
+		require.NoError(t, err)
+		assert.Equal(t, "dummy0", p.Netdev)
+		assert.Equal(t, 2, p.GIDIndex, "%s", p.Explain())
+		assert.Contains(t, p.Explain(), `zone "dummy1" of source fd01::1: ignored`)
+		p, err = resolve("fd01::1%dummy1", "")
+		require.NoError(t, err, "a local destination: the netdev that holds it")
+		assert.Equal(t, "dummy0", p.Netdev)
+	})
+	t.Run("link-local destination, zone by name and by number", func(t *testing.T) {
+		var index int
+		require.NoError(t, testbed.InNetns(ns, func() error {
+			l, err := net.InterfaceByName("dummy0")
+			if err == nil {
+				index = l.Index
+			}
+			return err
+		}))
+		for _, dst := range []string{"fe80::9%dummy0", fmt.Sprintf("fe80::9%%%d", index)} {
+			p, err := resolve(dst, "")
+			require.NoError(t, err, dst)
+			assert.Equal(t, "dummy0", p.Netdev, dst)
+			assert.Equal(t, "fe80::1%dummy0", p.Source.String(), dst)
+			assert.Equal(t, 0, p.GIDIndex, "%s: %s", dst, p.Explain())
+		}
+	})
+	t.Run("the first device lacks the source's entry", func(t *testing.T) {
+		// cma_acquire_dev_by_src_ip tries each port: the second one,
+		// which has the entry, is taken.
+		two := &resolver.Table{Source: "fixture", Ports: []resolver.Port{
+			{Device: "fake9", Port: 1, Transport: verbs.TransportIB, LinkLayer: verbs.LinkLayerEthernet,
+				State: verbs.PortActive, ActiveMTU: verbs.MTU4096,
+				GIDs: []verbs.GIDEntry{{Index: 0, GID: gid("fe80::1"), Type: verbs.GIDTypeRoCEv2, Netdev: "dummy0"}}},
+			table.Ports[0]}}
+		p, err := resolveWith("10.1.0.50", resolver.Options{Table: two})
+		require.NoError(t, err)
+		assert.Equal(t, "fake0", p.Device, "%s", p.Explain())
+		assert.Equal(t, 1, p.GIDIndex)
+		assert.Contains(t, p.Explain(), "fake9 port 1 also serves dummy0, and comes first, but has no GID entry for 10.1.0.1")
+	})
+	t.Run("RoCE v1 by default, through a gateway", func(t *testing.T) {
+		// A path via a gateway is an IP network to the kernel CM, which
+		// raises its GID type to RoCE v2 (v1 is not routable).
+		v1 := &resolver.Table{Source: "fixture", Ports: []resolver.Port{table.Ports[0]}}
+		v1.Ports[0].GIDs = append(slices.Clone(v1.Ports[0].GIDs),
+			verbs.GIDEntry{Index: 6, GID: gid("10.2.0.1"), Type: verbs.GIDTypeRoCEv1, Netdev: "dummy1"})
+		configfs := fstest.MapFS{"rdma_cm/fake0/ports/1/default_roce_mode": {Data: []byte("IB/RoCE v1\n")}}
+		p, err := resolveWith("10.2.0.5", resolver.Options{Table: v1, Configfs: configfs})
+		require.NoError(t, err)
+		assert.Equal(t, 6, p.GIDIndex, "on the link: the default, RoCE v1: %s", p.Explain())
+		p, err = resolveWith("10.99.1.1", resolver.Options{Table: v1, Configfs: configfs})
+		require.NoError(t, err)
+		assert.Equal(t, 3, p.GIDIndex, "via 10.2.0.254: RoCE v2: %s", p.Explain())
+		assert.Contains(t, p.Explain(), "RoCE v1 is not routable")
+	})
+	t.Run("VLAN netdev without RDMA device", func(t *testing.T) {
+		_, err := resolve("10.9.0.50", "")
+		assert.ErrorIs(t, err, resolver.ErrNoRDMADevice)
+		assert.ErrorContains(t, err, "dummy2.9 (holding 10.9.0.1)")
+		assert.ErrorContains(t, err, "rdma link add rxe0 type rxe netdev dummy2)", "the VLAN's lower netdev")
 	})
 	t.Run("cancelled", func(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())

@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/vishvananda/netlink"
@@ -96,7 +97,8 @@ func resolve(ctx context.Context, dst netip.Addr, opts Options) (*Path, error) {
 		return fail(fmt.Errorf("resolver: no destination address"))
 	}
 	// An IPv4-mapped address (a dual-stack socket's view of an IPv4 peer)
-	// is the IPv4 address: the kernel CM takes it so, and its GID is the same.
+	// is the IPv4 address: rdmacm hands it to the kernel CM so (the kernel
+	// would take it as IPv6), and its GID is the same.
 	if dst.Is4In6() {
 		dst = dst.Unmap()
 		p.Destination = dst
@@ -121,7 +123,7 @@ func resolve(ctx context.Context, dst netip.Addr, opts Options) (*Path, error) {
 	if s := opts.Source; s.IsValid() && s.WithZone("").IsUnspecified() {
 		p.note("source %v: the wildcard, which names no address; the route's source is taken", s)
 		if z := dst.Zone(); z != "" && dst.IsLinkLocalUnicast() {
-			wildZone = z
+			wildZone = zoneNetdev(z)
 			dst = dst.WithZone("")
 			p.note("zone %q of %v: not used, as the kernel CM takes a destination's scope only when no source is given "+
 				"(cma_bind_addr): the route is looked up without it", wildZone, dst)
@@ -165,7 +167,19 @@ func resolve(ctx context.Context, dst netip.Addr, opts Options) (*Path, error) {
 				"EADDRNOTAVAIL", s, ErrNoGIDForSource, err))
 		}
 		bound = l
+		if z := s.Zone(); z != "" && !s.IsLinkLocalUnicast() {
+			p.note("zone %q of source %v: ignored, as the kernel CM takes a scope only from a link-local address "+
+				"(cma_check_linklocal)", z, s.WithZone(""))
+		}
 		p.note("source %v: given; it binds the path to %s, which holds it", s, l.Attrs().Name)
+		if i := opts.Interface; i != "" {
+			if il, err := linkByZone(i); err != nil || il.Attrs().Index != l.Attrs().Index {
+				return fail(fmt.Errorf("resolver: source %v is on %s, but Options.Interface is %q: %w: the kernel CM has "+
+					"no interface option, and a source binds the path to the netdev that holds it (the route is looked "+
+					"up out of it); leave Interface out, or give a source on %s", s, l.Attrs().Name, i,
+					ErrSourceNotOnEgress, i))
+			}
+		}
 	}
 
 	// Route, looked up as the kernel CM does: out of the bound netdev,
@@ -181,11 +195,18 @@ func resolve(ctx context.Context, dst netip.Addr, opts Options) (*Path, error) {
 	}
 	if z := dst.Zone(); z != "" && ro.Oif == "" {
 		if dst.IsLinkLocalUnicast() {
-			ro.Oif = z
+			ro.Oif = zoneNetdev(z)
 		} else {
 			p.note("zone %q of %v: ignored, as the kernel CM takes a scope only from a link-local address (cma_bind_addr)",
 				z, dst.WithZone(""))
 		}
+	}
+	if z := dst.Zone(); z != "" && dst.IsLinkLocalUnicast() && ro.Oif != "" && ro.Oif != zoneNetdev(z) {
+		by := "Options.Interface"
+		if opts.Interface == "" {
+			by = "the source's netdev"
+		}
+		p.note("zone %q of %v: not used; %s (%s) decides where the route leaves", z, dst.WithZone(""), by, ro.Oif)
 	}
 	if dst.Is6() && dst.IsLinkLocalUnicast() && ro.Oif == "" && wildZone == "" {
 		return fail(fmt.Errorf("resolver: %v: %w: a link-local destination needs its zone (%v%%netdev) or Options.Interface",
@@ -193,8 +214,12 @@ func resolve(ctx context.Context, dst netip.Addr, opts Options) (*Path, error) {
 	}
 	routes, err := netlink.RouteGetWithOptions(net.IP(dst.WithZone("").AsSlice()), ro)
 	if err != nil || len(routes) == 0 {
-		return fail(fmt.Errorf("resolver: %v (source %v, interface %q): %w: %v; check 'ip route get %v'",
-			dst, sourceText(given), opts.Interface, ErrNoRoute, err, dst.WithZone("")))
+		why := "no route came back"
+		if err != nil {
+			why = err.Error()
+		}
+		return fail(fmt.Errorf("resolver: %v (source %v, interface %q): %w: %s; check 'ip route get %v'",
+			dst, sourceText(given), opts.Interface, ErrNoRoute, why, dst.WithZone("")))
 	}
 	r := routes[0]
 	link, err := netlink.LinkByIndex(r.LinkIndex)
@@ -279,19 +304,55 @@ func resolve(ctx context.Context, dst netip.Addr, opts Options) (*Path, error) {
 		gidLink = bound
 	}
 	gidNetdev := gidLink.Attrs().Name
-	port, others := findPort(table, gidNetdev, gidLink.Attrs().HardwareAddr)
-	if port == nil {
+	ports := findPorts(table, gidNetdev, gidLink.Attrs().HardwareAddr)
+	if len(ports) == 0 {
 		unread := ""
 		if len(table.Unread) > 0 {
 			unread = " (of the devices read; these could not be: " + strings.Join(table.Unread, "; ") + ")"
 		}
+		lower := gidNetdev
+		if v, ok := gidLink.(*netlink.Vlan); ok {
+			// rxe takes no VLAN netdev: the lower one's device carries
+			// the VLAN's GID entries.
+			if parent, err := netlink.LinkByIndex(v.Attrs().ParentIndex); err == nil {
+				lower = parent.Attrs().Name
+			}
+		}
 		return fail(fmt.Errorf("resolver: %s (holding %v): %w%s; create one (rdma link add rxe0 type rxe netdev %s) "+
-			"or reach %v by a netdev that has one", gidNetdev, src, ErrNoRDMADevice, unread, gidNetdev, dst))
+			"or reach %v by a netdev that has one", gidNetdev, src, ErrNoRDMADevice, unread, lower, dst))
 	}
+	// As cma_acquire_dev_by_src_ip: the first port, in the devices'
+	// registration order, that has an entry for the source of its default
+	// GID type on the netdev; an iWARP or InfiniBand port qualifies by
+	// serving the netdev. When none has, the first one's error is the
+	// answer.
+	chosen := 0
+	for i, cand := range ports {
+		if cand.Kind() != verbs.KindRoCE {
+			chosen = i
+			break
+		}
+		want, _ := DefaultGIDType(cand, configfsOr(opts.Configfs))
+		if opts.RoCE != RoCEDefault {
+			want = opts.RoCE.gidType()
+		}
+		if _, _, err := SelectGID(cand, src, gidNetdev, want); err == nil {
+			chosen = i
+			break
+		}
+	}
+	port := ports[chosen]
 	p.Device, p.Port, p.Kind, p.KindName = port.Device, port.Port, port.Kind(), port.Kind().String()
 	p.ActiveMTU = port.ActiveMTU
+	for _, o := range ports[:chosen] {
+		p.note("note: %v also serves %s, and comes first, but has no GID entry for %v of its GID type: passed over, as "+
+			"the kernel CM tries each port (cma_acquire_dev_by_src_ip)", o, gidNetdev, src)
+	}
 	p.note("RDMA device %v (%v) serves %s", port, p.Kind, gidNetdev)
-	for _, o := range others {
+	if port.State != verbs.PortActive && port.State != 0 { // 0: not read
+		p.note("note: port %v is %v: connections over it wait until it is ACTIVE (check the netdev's link)", port, port.State)
+	}
+	for _, o := range ports[chosen+1:] {
 		if table.Ordered {
 			p.note("note: %v also serves %s; the kernel CM takes the device registered first, %s (index %d, %s's %d)",
 				o, gidNetdev, port.Device, port.DeviceIndex, o.Device, o.DeviceIndex)
@@ -340,8 +401,19 @@ func resolve(ctx context.Context, dst netip.Addr, opts Options) (*Path, error) {
 
 	// GID.
 	want, why := DefaultGIDType(port, configfsOr(opts.Configfs))
-	if opts.RoCE != RoCEDefault {
+	switch {
+	case opts.RoCE != RoCEDefault:
 		want, why = opts.RoCE.gidType(), "asked for"
+		if want == verbs.GIDTypeRoCEv1 && p.Gateway.IsValid() {
+			why += fmt.Sprintf("; but RoCE v1 is not routable, and the route goes via %v: its packets will not "+
+				"get there (the kernel CM would take RoCE v2)", p.Gateway)
+		}
+	case want == verbs.GIDTypeRoCEv1 && p.Gateway.IsValid():
+		// rdma_set_src_addr_rcu marks a path with a gateway as an IP
+		// network, and cma_resolve_iboe_route raises the path record's
+		// GID type to RoCE v2 for it, whatever the port's default.
+		want, why = verbs.GIDTypeRoCEv2, fmt.Sprintf("the port's default is RoCE v1 (%s), but the route goes via %v "+
+			"and RoCE v1 is not routable: the kernel CM's path record takes RoCE v2 (cma_resolve_iboe_route)", why, p.Gateway)
 	}
 	p.note("GID type %v: %s", want, why)
 	entry, cands, err := SelectGID(port, src, gidNetdev, want)
@@ -380,11 +452,12 @@ func configfsOr(f fs.FS) fs.FS {
 	return nil
 }
 
-// findPort returns the port serving netdev: a RoCE port with GID entries
-// tagged with it; an iWARP port bound to it (by ndev name where the kernel
-// gives one, else by the MAC its GID holds); an InfiniBand port whose GID an
-// IPoIB netdev carries in the last 16 bytes of its 20-byte address.
-func findPort(t *Table, netdev string, hw net.HardwareAddr) (*Port, []*Port) {
+// findPorts returns the ports serving netdev, in the table's order: a RoCE
+// port with GID entries tagged with it; an iWARP port bound to it (by ndev
+// name where the kernel gives one, else by the MAC its GID holds); an
+// InfiniBand port whose GID an IPoIB netdev carries in the last 16 bytes of
+// its 20-byte address.
+func findPorts(t *Table, netdev string, hw net.HardwareAddr) []*Port {
 	var found []*Port
 	for i := range t.Ports {
 		p := &t.Ports[i]
@@ -398,20 +471,19 @@ func findPort(t *Table, netdev string, hw net.HardwareAddr) (*Port, []*Port) {
 			}
 		}
 	}
-	if len(found) == 0 {
-		return nil, nil
-	}
-	return found[0], found[1:]
+	return found
 }
 
-// linkWithAddr returns the netdev holding a. A zone names it: a link-local
-// value may sit on several netdevs (a VLAN upper inherits its parent's MAC,
-// and so its link-local address).
+// linkWithAddr returns the netdev holding a. A link-local address's zone
+// names it: such a value may sit on several netdevs (a VLAN upper inherits
+// its parent's MAC, and so its link-local address). Any other address's
+// zone is ignored, as the kernel CM ignores its scope (cma_check_linklocal)
+// and finds the netdev by the address (rdma_translate_ip).
 func linkWithAddr(a netip.Addr) (netlink.Link, error) {
-	if z := a.Zone(); z != "" {
-		return netlink.LinkByName(z)
+	if z := a.Zone(); z != "" && a.IsLinkLocalUnicast() {
+		return linkByZone(z)
 	}
-	a = a.Unmap()
+	a = a.WithZone("").Unmap()
 	family := netlink.FAMILY_V4
 	if a.Is6() {
 		family = netlink.FAMILY_V6
@@ -426,6 +498,27 @@ func linkWithAddr(a netip.Addr) (netlink.Link, error) {
 		}
 	}
 	return nil, errors.New("address not configured")
+}
+
+// linkByZone is the netdev a zone names: by name, or by ifindex when it
+// is a number (the sin6_scope_id the kernel takes).
+func linkByZone(z string) (netlink.Link, error) {
+	l, err := netlink.LinkByName(z)
+	if err != nil {
+		if i, perr := strconv.Atoi(z); perr == nil && i > 0 {
+			return netlink.LinkByIndex(i)
+		}
+	}
+	return l, err
+}
+
+// zoneNetdev is the name of the netdev a zone names, or the zone itself
+// when no netdev answers to it (the lookups then say so).
+func zoneNetdev(z string) string {
+	if l, err := linkByZone(z); err == nil {
+		return l.Attrs().Name
+	}
+	return z
 }
 
 // pickSource chooses an address of link in the destination's family and

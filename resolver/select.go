@@ -109,8 +109,15 @@ func SelectGID(p *Port, src netip.Addr, egress string, want verbs.GIDType) (verb
 	where := fmt.Sprintf("%v: source %v, egress netdev %s, %v", p, src, egress, want)
 	switch {
 	case len(sameValueAndNetdev) > 0:
-		return verbs.GIDEntry{}, cands, fmt.Errorf("resolver: %s: %w: the entries for it are %v; "+
-			"ask for that RoCE version explicitly (both peers must use the same one)", where, ErrGIDTypeUnavailable, sameValueAndNetdev[0].Type)
+		have := sameValueAndNetdev[0].Type
+		return verbs.GIDEntry{}, cands, fmt.Errorf("resolver: %s: %w: the entries for it are %v; the kernel CM uses "+
+			"the port's default type, which configfs sets (rdma_cm/%s/ports/%d/default_roce_mode), and a connection "+
+			"set up by hand can ask for %v (Options.RoCE); both peers must use the same one",
+			where, ErrGIDTypeUnavailable, have, p.Device, p.Port, have)
+	case len(sameValue) > 0 && sameValue[0].Netdev == "":
+		return verbs.GIDEntry{}, cands, fmt.Errorf("resolver: %s: %w: the entries holding %v name no netdev here "+
+			"(sysfs did not say, or it is in another network namespace), so none is known to be on %s (the kernel CM "+
+			"fails this with ADDR_ERROR -ENODEV); use a source address on %s", where, ErrSourceNotOnEgress, src, egress, egress)
 	case len(sameValue) > 0:
 		return verbs.GIDEntry{}, cands, fmt.Errorf("resolver: %s: %w: %v belongs to %s but the route leaves by %s "+
 			"(the kernel CM fails this with ADDR_ERROR -ENODEV); add a route via %s, or use a source address on %s",

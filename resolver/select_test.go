@@ -3,6 +3,7 @@ package resolver
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"testing/fstest"
@@ -191,9 +192,24 @@ func TestSelectGIDErrors(t *testing.T) {
 	assert.ErrorIs(t, err, ErrGIDTypeUnavailable, "rxe has no v1 entries")
 	assert.ErrorContains(t, err, "the entries for it are RoCE v2")
 
+	assert.ErrorContains(t, err, "configfs sets (rdma_cm/rxe0/ports/1/default_roce_mode)")
+	assert.ErrorContains(t, err, "can ask for RoCE v2 (Options.RoCE)")
+
 	old := port(t, table, "old0")
 	_, _, err = SelectGID(old, netip.MustParseAddr("172.16.0.1"), "eth2", verbs.GIDTypeRoCEv2)
 	assert.ErrorIs(t, err, ErrGIDTypeUnavailable, "only v1 entries")
+
+	// An entry whose netdev sysfs did not name (another namespace's):
+	// the error says so instead of naming an empty netdev.
+	unnamed := *rxe
+	unnamed.GIDs = slices.Clone(rxe.GIDs)
+	for i := range unnamed.GIDs {
+		unnamed.GIDs[i].Netdev = ""
+	}
+	_, _, err = SelectGID(&unnamed, netip.MustParseAddr("10.0.0.1"), "veth0", verbs.GIDTypeRoCEv2)
+	assert.ErrorIs(t, err, ErrSourceNotOnEgress)
+	assert.ErrorContains(t, err, "the entries holding 10.0.0.1 name no netdev here")
+	assert.NotContains(t, err.Error(), "via ,")
 }
 
 func TestDefaultGIDType(t *testing.T) {
