@@ -537,6 +537,12 @@ func (c *conn) Close() error {
 // RegisterMemory registers size bytes of memory outside the Go heap for the
 // connection's PD; Close releases it. A receive (PostRecv) or an RDMA READ
 // (RDMARead) into it needs verbs.AccessLocalWrite.
+//
+// Close unmaps the memory: a slice taken from the region's Bytes before
+// must not be touched once Close may have run, as the access would fault
+// the process (Go cannot recover from it). Let the goroutines that read
+// the region finish before closing, or use package msg, which frees a
+// message's buffer only when the message is released.
 func (c *conn) RegisterMemory(size int, access verbs.AccessFlags) (*verbs.MR, error) {
 	c.mrMu.Lock()
 	defer c.mrMu.Unlock()

@@ -134,7 +134,9 @@ func (m *MR) SGE(off, n int) SGE {
 	return SGE{Addr: m.Addr() + uint64(off), Length: uint32(n), LKey: m.LKey}
 }
 
-// Close deregisters and unmaps the region.
+// Close deregisters and unmaps the region. A slice from Bytes must not be
+// used once Close may have run: the access would fault the process, which
+// Go cannot recover from.
 func (m *MR) Close() error {
 	m.closeMu.Lock()
 	defer m.closeMu.Unlock()
