@@ -507,8 +507,16 @@ func (c *conn) disconnect(ctx context.Context) error {
 func (c *conn) Close() error {
 	c.closeOnce.Do(func() {
 		c.disconnectWait(context.Background())
+		var leaveErr error
 		if c.group.IsValid() {
-			c.id.LeaveMulticast(c.group)
+			if err := c.id.LeaveMulticast(c.group); err != nil {
+				// librdmacm detaches the QP first: a leave that failed
+				// may leave it attached, and the QP's destroy (below)
+				// then fails with EBUSY.
+				oe := c.opError("leave multicast group "+c.group.String(), nil, err)
+				oe.Hint = "the QP may still be attached to the group, which keeps the kernel from destroying it"
+				leaveErr = oe
+			}
 		}
 		c.end(ErrClosed, nil)
 		// The end woke the helpers' waits: once they have let go of
@@ -520,7 +528,7 @@ func (c *conn) Close() error {
 		c.sendWait.release()
 		c.recvWait.release()
 		start := time.Now()
-		c.closeErr = c.res.close()
+		c.closeErr = errors.Join(leaveErr, c.res.close())
 		c.mrMu.Unlock()
 		c.recvMu.Unlock()
 		c.sendMu.Unlock()

@@ -214,10 +214,10 @@ func TestMulticast(t *testing.T) {
 	dl := &rdmacm.Dialer{Source: mustAddr(d.addr)}
 	a, err := dl.JoinMulticast(ctx, group)
 	require.NoError(t, err)
-	defer a.Close()
+	t.Cleanup(func() { assert.NoError(t, a.Close(), "the leave and the release") })
 	b, err := dl.JoinMulticast(ctx, group)
 	require.NoError(t, err)
-	defer b.Close()
+	t.Cleanup(func() { assert.NoError(t, b.Close(), "the leave and the release") })
 	assert.Equal(t, d.name, a.Route().Device)
 	assert.Equal(t, group, a.Group())
 
