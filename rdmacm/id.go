@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/rdmago/rdmago/internal/cma"
+	"github.com/rdmago/rdmago/internal/ibv"
 	"github.com/rdmago/rdmago/internal/vbridge"
 	"github.com/rdmago/rdmago/verbs"
 )
@@ -644,12 +645,17 @@ func (c *ID) CreateQP(pd *verbs.PD, init verbs.QPInit) (*verbs.QP, error) {
 	// The CQs count the QP among their users from here, so that neither
 	// closes under it.
 	cqs, s, r := vbridge.UseCQs(init.SendCQ, init.RecvCQ)
-	p := vbridge.PD(pd)
-	if p == nil || s == nil || r == nil {
-		vbridge.UnuseCQs(cqs)
-		return nil, c.fail("rdma_create_qp", fmt.Errorf("%w: the PD or a CQ is closed", syscall.EBADF))
-	}
-	qp, err := c.h.CreateQP(p, s, r, int(init.Type), vbridge.QPCap(init.Cap), init.SignalAll)
+	var qp *ibv.QP
+	// The PD's Close waits while the QP is made on it: a PD freed under
+	// rdma_create_qp would be used after its free.
+	err := vbridge.InPD(pd, func(p *ibv.PD) error {
+		if p == nil || s == nil || r == nil {
+			return fmt.Errorf("%w: the PD or a CQ is closed", syscall.EBADF)
+		}
+		var err error
+		qp, err = c.h.CreateQP(p, s, r, int(init.Type), vbridge.QPCap(init.Cap), init.SignalAll)
+		return err
+	})
 	if err != nil {
 		vbridge.UnuseCQs(cqs)
 		return nil, c.fail("rdma_create_qp", err)

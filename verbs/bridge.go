@@ -12,7 +12,18 @@ func init() {
 		c, _ := dev.(*Device).context()
 		return c
 	}
-	vbridge.PD = func(pd any) *ibv.PD { return pd.(*PD).pd }
+	vbridge.PD = func(pd any) *ibv.PD {
+		p := pd.(*PD)
+		p.closeMu.RLock()
+		defer p.closeMu.RUnlock()
+		return p.pd
+	}
+	vbridge.InPD = func(pd any, fn func(*ibv.PD) error) error {
+		p := pd.(*PD)
+		p.closeMu.RLock()
+		defer p.closeMu.RUnlock()
+		return fn(p.pd)
+	}
 	vbridge.CQ = func(cq any) *ibv.CQ { return cq.(*CQ).handle() }
 	vbridge.AH = func(ah any) *ibv.AH {
 		a := ah.(*AH)

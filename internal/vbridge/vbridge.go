@@ -12,6 +12,9 @@ var (
 	Context func(dev any) *ibv.Context
 	// PD is a *verbs.PD's handle, nil once it is closed.
 	PD func(pd any) *ibv.PD
+	// InPD runs fn with a *verbs.PD's handle (nil once it is closed),
+	// which the PD's Close waits for: for what is made on the PD in C.
+	InPD func(pd any, fn func(*ibv.PD) error) error
 	// CQ is a *verbs.CQ's handle, nil once it is closed.
 	CQ func(cq any) *ibv.CQ
 	// AH is a *verbs.AH's handle, nil once closed.
