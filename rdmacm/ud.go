@@ -41,7 +41,11 @@ func (c *UDConn) SendTo(ctx context.Context, mr *verbs.MR, off, n int, peer UDPe
 
 // ReplyTo addresses the sender of a receive: wc is its completion and mr
 // at off the receive buffer, whose first verbs.GRHSize bytes hold the GRH.
-// The address handle is released with the connection.
+// The address handle is released with the connection. One is kept per
+// sender, reused for its later datagrams: a connection that hears from
+// more senders over its life than the device has address handles for
+// (DeviceAttr.MaxAH) fails ReplyTo, as ibv_create_ah refuses, until it is
+// closed.
 func (c *UDConn) ReplyTo(wc verbs.WorkCompletion, mr *verbs.MR, off int) (UDPeer, error) {
 	return c.replyTo(wc, mr, off)
 }
