@@ -3,6 +3,7 @@ package oob
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"net"
 	"net/netip"
@@ -61,6 +62,7 @@ func TestHostilePeerLines(t *testing.T) {
 
 	err = hear(t, func(c net.Conn) { c.Write([]byte(`{"qpn": 5`)) })
 	assert.ErrorContains(t, err, "reading from the peer")
+	assert.ErrorContains(t, err, "it closed the connection without a word")
 
 	err = hear(t, func(c net.Conn) {
 		b, _ := json.Marshal(line{Version: version, QPN: 7, PSN: 9})
@@ -89,7 +91,9 @@ func FuzzPeerLine(f *testing.F) {
 		// and what it passes can address a QP.
 		x := testExchange(&Config{})
 		if err := x.checkPeer(peerLine(), &p); err == nil {
-			if p.QPN < 2 || p.QPN > 0xffffff || p.PSN > 0xffffff || !p.MTU.Valid() || !p.GID.IsValid() || p.GID.IsUnspecified() {
+			g := p.GID.Unmap()
+			if p.QPN < 2 || p.QPN > 0xffffff || p.PSN > 0xffffff || !p.MTU.Valid() || !g.IsValid() ||
+				!g.IsGlobalUnicast() && !g.IsLinkLocalUnicast() && !g.IsPrivate() {
 				t.Fatalf("%q passed checkPeer as %+v", b, p)
 			}
 		}
@@ -134,14 +138,20 @@ func TestEarlyFailureIsToldToThePeer(t *testing.T) {
 	require.NoError(t, err)
 	defer b.Close()
 
+	cancelled, cancel := context.WithCancel(t.Context())
+	cancel()
 	for _, tc := range []struct {
+		ctx  context.Context
 		cfg  *Config
 		want string
 	}{
-		{&Config{RetryCount: 8}, "check config"},
-		{nil, "resolve path"},
+		{t.Context(), &Config{RetryCount: 8}, "check config"},
+		{t.Context(), nil, "resolve path"},
+		// The context's end put a past deadline on the socket; the
+		// failure is told all the same.
+		{cancelled, nil, "context canceled"},
 	} {
-		_, err = Connect(t.Context(), a, tc.cfg)
+		_, err = Connect(tc.ctx, a, tc.cfg)
 		require.ErrorContains(t, err, tc.want)
 		b.SetReadDeadline(time.Now().Add(5 * time.Second))
 		l, rerr := bufio.NewReader(b).ReadSlice('\n')

@@ -15,12 +15,15 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"net"
 	"net/netip"
 	"os"
+	"strings"
 	"sync"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/rdmago/rdmago/internal/cmbridge"
@@ -56,9 +59,11 @@ type Config struct {
 	RNRRetryCount int
 	// ResponderResources and InitiatorDepth bound the RDMA reads and
 	// atomics in flight that the QP answers and issues: 1 to 255, default 1
-	// each (unlike rdmacm's, negative is refused), at most the device's
-	// MaxQPRdAtom and MaxQPInitRdAtom. The peer's InitiatorDepth must not
-	// exceed this side's ResponderResources.
+	// each (unlike rdmacm's, negative is refused). The drivers hold
+	// InitiatorDepth to the device's MaxQPRdAtom and ResponderResources to
+	// its MaxQPInitRdAtom. As the CM does, each side tells the other its
+	// ResponderResources, and a side's InitiatorDepth is lowered to the
+	// peer's: a read beyond what the responder answers would fail the QP.
 	ResponderResources int
 	InitiatorDepth     int
 	// TOS is the traffic class of the QP's GRH (zero: 0).
@@ -167,6 +172,7 @@ func Connect(ctx context.Context, tcp net.Conn, cfg *Config) (*Conn, error) {
 	// A side that fails before the exchange tells the peer too, which
 	// would otherwise wait for its timeout to learn nothing.
 	refuse := func(oe *rdmacm.OpError) (*Conn, error) {
+		halt() // no past deadline may land on the socket after tell's
 		tell(tcp, oe)
 		return nil, oe
 	}
@@ -190,7 +196,7 @@ func Connect(ctx context.Context, tcp net.Conn, cfg *Config) (*Conn, error) {
 		return nil, oe
 	}
 	var res cmbridge.RC
-	x := exchange{o: &o, retry: retry, rnrRetry: rnrRetry, path: path, res: &res, local: local, remote: remote}
+	x := exchange{o: &o, retry: retry, rnrRetry: rnrRetry, path: path, res: &res, local: local, remote: remote, halt: halt}
 	conn, err := x.run(ctx, tcp)
 	if err != nil {
 		if conn != nil {
@@ -274,6 +280,11 @@ type line struct {
 	// MTU, or less where its netdev has less room.
 	MTU verbs.MTU `json:"mtu,omitempty"`
 	LID uint16    `json:"lid,omitempty"`
+	// ResponderResources and InitiatorDepth are this side's reads in
+	// flight as responder and initiator (absent from peers older than
+	// them, whose depth is then taken as it is).
+	ResponderResources uint8 `json:"rr,omitempty"`
+	InitiatorDepth     uint8 `json:"id,omitempty"`
 
 	Ready bool `json:"ready,omitempty"`
 }
@@ -286,6 +297,9 @@ type exchange struct {
 	res             *cmbridge.RC
 	local, remote   netip.AddrPort
 	reader          *bufio.Reader // the socket, past the exchange's lines
+	// halt stops the context's end from putting a past deadline on the
+	// socket (or waits until it has), before a failure is told.
+	halt func() bool
 }
 
 func (x *exchange) where(step string, err error) *rdmacm.OpError {
@@ -409,6 +423,9 @@ func (x *exchange) run(ctx context.Context, tcp net.Conn) (conn any, err error) 
 	told := false
 	defer func() {
 		if err != nil && !told {
+			if x.halt != nil {
+				x.halt()
+			}
 			tell(tcp, err)
 		}
 	}()
@@ -481,6 +498,14 @@ func (x *exchange) announce(port verbs.PortAttr) (line, error) {
 		oe.Hint = "use rdmacm's Dial and Listen, whose CM addresses the GID itself"
 		return line{}, oe
 	}
+	rr, err := rdAtomic("ResponderResources", x.o.ResponderResources)
+	if err != nil {
+		return line{}, x.where("check config", err)
+	}
+	id, err := rdAtomic("InitiatorDepth", x.o.InitiatorDepth)
+	if err != nil {
+		return line{}, x.where("check config", err)
+	}
 	var psn [4]byte
 	rand.Read(psn[:])
 	mtu := port.ActiveMTU
@@ -488,7 +513,8 @@ func (x *exchange) announce(port verbs.PortAttr) (line, error) {
 		mtu = m
 	}
 	return line{Version: version, QPN: x.res.QP.QPN, PSN: binary.BigEndian.Uint32(psn[:]) & 0xffffff,
-		GID: netip.AddrFrom16(x.path.GID), GIDType: x.path.GIDType, Family: family(x.local.Addr()), MTU: mtu, LID: port.LID}, nil
+		GID: netip.AddrFrom16(x.path.GID), GIDType: x.path.GIDType, Family: family(x.local.Addr()), MTU: mtu, LID: port.LID,
+		ResponderResources: rr, InitiatorDepth: id}, nil
 }
 
 // peerSaid checks a line's version and whether it reports the peer's
@@ -500,7 +526,7 @@ func (x *exchange) peerSaid(step string, l *line) error {
 		return oe
 	}
 	if l.Error != "" {
-		oe := x.where(step, fmt.Errorf("%w: %s", ErrPeerFailed, l.Error))
+		oe := x.where(step, fmt.Errorf("%w: %s", ErrPeerFailed, printable(l.Error)))
 		oe.Hint = "this side released its QP; the peer's own error says more"
 		return oe
 	}
@@ -526,8 +552,9 @@ func (x *exchange) checkPeer(me line, peer *line) error {
 		return bad(fmt.Errorf("the peer sent PSN %#x, more than 24 bits", peer.PSN))
 	case !peer.MTU.Valid():
 		return bad(fmt.Errorf("the peer sent no MTU (%d)", int(peer.MTU)))
-	case !g.IsValid() || g.IsUnspecified() || g.IsMulticast() || g.Unmap().IsMulticast():
-		return bad(fmt.Errorf("the peer sent GID %q, not a unicast GID", g))
+	case !g.IsValid() || g.Unmap().IsUnspecified() || g.Unmap().IsMulticast() || g.Unmap().IsLoopback() ||
+		g.Unmap() == netip.AddrFrom4([4]byte{255, 255, 255, 255}):
+		return bad(fmt.Errorf("the peer sent GID %q, not the GID of a unicast address another host can reach", g))
 	}
 	if peer.GIDType != me.GIDType {
 		oe := x.where("check peer", fmt.Errorf("GID types differ: %v here, %v at the peer", me.GIDType, peer.GIDType))
@@ -554,6 +581,10 @@ func (x *exchange) steps(port verbs.PortAttr, me line, peer *line) ([]verbs.Step
 	id, err := rdAtomic("InitiatorDepth", o.InitiatorDepth)
 	if err != nil {
 		return nil, x.where("check config", err)
+	}
+	if peer.ResponderResources > 0 {
+		// No more reads out than the peer answers at once.
+		id = min(id, peer.ResponderResources)
 	}
 	cp := verbs.QPSetup{Type: verbs.QPTypeRC, Port: uint8(path.Port),
 		Access: verbs.AccessLocalWrite | verbs.AccessRemoteWrite | verbs.AccessRemoteRead | verbs.AccessRemoteAtomic,
@@ -583,9 +614,26 @@ func rdAtomic(name string, v int) (uint8, error) {
 }
 
 // tell says to the peer why this side failed, so that it need not wait
-// for the socket to close; what comes of the write does not matter.
+// for the socket to close; what comes of the write does not matter. The
+// write has a deadline of its own: the one a cancelled or timed-out
+// Connect put on the socket has passed.
 func tell(tcp net.Conn, err error) {
+	tcp.SetWriteDeadline(time.Now().Add(tellTimeout))
 	tcp.Write(errorLine(err.Error()))
+}
+
+// tellTimeout bounds the write that tells the peer of a failure.
+const tellTimeout = time.Second
+
+// printable is a peer's text with its control characters (a newline, a
+// terminal's escape) made spaces, for an error that may reach a log.
+func printable(s string) string {
+	return strings.Map(func(r rune) rune {
+		if unicode.IsControl(r) {
+			return ' '
+		}
+		return r
+	}, s)
 }
 
 // errorLine is the line that tells the peer reason, cut to fit the line
@@ -625,6 +673,9 @@ func sayHear(tcp net.Conn, r *bufio.Reader, say, hear any) error {
 	}
 	if errors.Is(rerr, bufio.ErrBufferFull) {
 		return fmt.Errorf("reading from the peer: a line longer than %d bytes, not QP data", r.Size())
+	}
+	if errors.Is(rerr, io.EOF) {
+		return fmt.Errorf("reading from the peer: it closed the connection without a word (is it running oob.Connect?): %w", rerr)
 	}
 	if rerr != nil {
 		return fmt.Errorf("reading from the peer: %w", rerr)

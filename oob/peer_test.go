@@ -37,17 +37,21 @@ func TestCheckPeer(t *testing.T) {
 	p := peerLine()
 	require.NoError(t, x.checkPeer(me, &p))
 	for want, change := range map[string]func(l *line){
-		"version 0 of the exchange, this side 1":     func(l *line) { l.Version = 0 },
-		"the peer sent QP number 0x1: QP numbers":    func(l *line) { l.QPN = 1 },
-		"the peer sent QP number 0x1000000":          func(l *line) { l.QPN = 1 << 24 },
-		"the peer sent PSN 0x1000000, more than 24":  func(l *line) { l.PSN = 1 << 24 },
-		"the peer sent no MTU (0)":                   func(l *line) { l.MTU = 0 },
-		`the peer sent GID "invalid IP"`:             func(l *line) { l.GID = netip.Addr{} },
-		`the peer sent GID "::", not a unicast GID`:  func(l *line) { l.GID = netip.IPv6Unspecified() },
-		`the peer sent GID "ff02::1"`:                func(l *line) { l.GID = netip.MustParseAddr("ff02::1") },
-		"GID types differ: RoCE v2 here, RoCE v1":    func(l *line) { l.GIDType = verbs.GIDTypeRoCEv1 },
-		"address families differ: IPv4 here, IPv6":   func(l *line) { l.Family = "IPv6" },
-		"the peer failed its side: no memory for QP": func(l *line) { *l = line{Version: version, Error: "no memory for QP"} },
+		"version 0 of the exchange, this side 1":                   func(l *line) { l.Version = 0 },
+		"the peer sent QP number 0x1: QP numbers":                  func(l *line) { l.QPN = 1 },
+		"the peer sent QP number 0x1000000":                        func(l *line) { l.QPN = 1 << 24 },
+		"the peer sent PSN 0x1000000, more than 24":                func(l *line) { l.PSN = 1 << 24 },
+		"the peer sent no MTU (0)":                                 func(l *line) { l.MTU = 0 },
+		`the peer sent GID "invalid IP"`:                           func(l *line) { l.GID = netip.Addr{} },
+		`the peer sent GID "::", not the GID of a unicast address`: func(l *line) { l.GID = netip.IPv6Unspecified() },
+		`the peer sent GID "ff02::1"`:                              func(l *line) { l.GID = netip.MustParseAddr("ff02::1") },
+		`the peer sent GID "::ffff:0.0.0.0"`:                       func(l *line) { l.GID = netip.MustParseAddr("::ffff:0.0.0.0") },
+		`the peer sent GID "::ffff:127.0.0.1"`:                     func(l *line) { l.GID = netip.MustParseAddr("::ffff:127.0.0.1") },
+		`the peer sent GID "::ffff:255.255.255.255"`:               func(l *line) { l.GID = netip.MustParseAddr("::ffff:255.255.255.255") },
+		`the peer sent GID "::1"`:                                  func(l *line) { l.GID = netip.IPv6Loopback() },
+		"GID types differ: RoCE v2 here, RoCE v1":                  func(l *line) { l.GIDType = verbs.GIDTypeRoCEv1 },
+		"address families differ: IPv4 here, IPv6":                 func(l *line) { l.Family = "IPv6" },
+		"the peer failed its side: no memory for QP":               func(l *line) { *l = line{Version: version, Error: "no memory for QP"} },
 	} {
 		p := peerLine()
 		change(&p)
@@ -57,6 +61,12 @@ func TestCheckPeer(t *testing.T) {
 	}
 	p = line{Version: version, Error: "x"}
 	assert.ErrorIs(t, x.checkPeer(me, &p), ErrPeerFailed)
+
+	// A peer's text reaches the error without its control characters.
+	p = line{Version: version, Error: "bad\x1b[2J\nline"}
+	err := x.checkPeer(me, &p)
+	assert.ErrorContains(t, err, "bad [2J line")
+	assert.NotContains(t, err.Error(), "\n")
 }
 
 // The modifies take the smaller side's MTU, the retry counts as configured
@@ -92,6 +102,19 @@ func TestSteps(t *testing.T) {
 	assert.Equal(t, uint8(3), a.RetryCount)
 	assert.Equal(t, uint8(2), a.RNRRetry)
 
-	_, err := testExchange(&Config{ResponderResources: 256}).steps(port, me, &peer)
+	// As the CM pairs them: no more reads out than the peer answers.
+	peer.ResponderResources = 2
+	a = rts(&Config{InitiatorDepth: 4}, me, peer)
+	assert.Equal(t, uint8(2), a.MaxRdAtomic, "lowered to the peer's ResponderResources")
+	a = rts(&Config{InitiatorDepth: 1}, me, peer)
+	assert.Equal(t, uint8(1), a.MaxRdAtomic, "never raised")
+	steps, err := testExchange(&Config{ResponderResources: 3}).steps(port, me, &peer)
+	require.NoError(t, err)
+	assert.Equal(t, uint8(3), steps[1].Attr.MaxDestRdAtomic, "this side's own ResponderResources")
+	peer.ResponderResources = 0 // a peer older than the field: the depth as configured
+	a = rts(&Config{InitiatorDepth: 4}, me, peer)
+	assert.Equal(t, uint8(4), a.MaxRdAtomic)
+
+	_, err = testExchange(&Config{ResponderResources: 256}).steps(port, me, &peer)
 	assert.ErrorContains(t, err, "ResponderResources is a count of 1 to 255")
 }
