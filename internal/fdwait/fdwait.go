@@ -31,6 +31,9 @@ type Waiter struct {
 	mu    sync.Mutex
 	watch *watch // the kept watch, or nil
 	busy  bool   // a wait is using the kept watch and read below
+	// freed, when made, is closed as the wait holding busy lets go: the
+	// waits queued behind it then try again.
+	freed chan struct{}
 	// read calls try; made once, as a closure handed to the poller per
 	// wait would be allocated per wait. Only the wait holding busy uses it.
 	read func(uintptr) bool
@@ -65,19 +68,34 @@ func (wt *watch) end(w *Waiter) {
 	}
 }
 
-// acquire readies one wait with ctx. It returns true when the wait has the
-// kept watch and read to itself (release with releaseKept), and otherwise
-// the wait's own watch (nil when ctx never ends), to end after it. The kept
-// watch serves one wait at a time; a concurrent wait gets a watch of its own.
-func (w *Waiter) acquire(ctx context.Context) (kept bool, own *watch) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.busy || w.closed.Load() {
-		if ctx.Done() == nil {
-			return false, nil
+// acquire readies one wait with ctx: the wait has the kept watch and read
+// to itself until releaseKept. Waits take turns: every watch moves the one
+// read deadline of the descriptor, so a second wait at once would be woken
+// by the first one's context, or have its own end undone by the first's
+// clearing. A wait that finds another in progress queues behind it, until
+// it ends or ctx does (ctx's error), or the Waiter is closed (ErrClosed).
+func (w *Waiter) acquire(ctx context.Context) error {
+	for {
+		w.mu.Lock()
+		if w.closed.Load() {
+			w.mu.Unlock()
+			return ErrClosed
 		}
-		return false, w.newWatch(ctx)
+		if !w.busy {
+			break
+		}
+		if w.freed == nil {
+			w.freed = make(chan struct{})
+		}
+		freed := w.freed
+		w.mu.Unlock()
+		select {
+		case <-freed:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
 	}
+	defer w.mu.Unlock()
 	if w.watch != nil && w.watch.done != ctx.Done() {
 		w.watch.end(w)
 		w.watch = nil
@@ -86,7 +104,7 @@ func (w *Waiter) acquire(ctx context.Context) (kept bool, own *watch) {
 		w.watch = w.newWatch(ctx)
 	}
 	w.busy = true
-	return true, nil
+	return nil
 }
 
 // Busy reports whether a wait holds the kept watch: for a descriptor with
@@ -102,6 +120,10 @@ func (w *Waiter) releaseKept() {
 	w.mu.Lock()
 	w.busy = false
 	w.try = nil
+	if w.freed != nil {
+		close(w.freed)
+		w.freed = nil
+	}
 	w.mu.Unlock()
 }
 
@@ -129,20 +151,14 @@ func New(fd int, name string) (*Waiter, error) {
 // Wait calls try whenever the descriptor may be readable until it returns
 // true (try does the library's non-blocking read and reports whether it got
 // something). It returns ctx's error when ctx ends first, and ErrClosed once
-// Close was called. One goroutine at a time may wait.
+// Close was called. Waits from several goroutines take turns.
 func (w *Waiter) Wait(ctx context.Context, try func() bool) error {
-	kept, own := w.acquire(ctx)
-	var err error
-	if kept {
-		w.try = try
-		err = w.raw.Read(w.read)
-		w.releaseKept()
-	} else {
-		err = w.raw.Read(func(uintptr) bool { return try() })
-		if own != nil {
-			own.end(w)
-		}
+	if err := w.acquire(ctx); err != nil {
+		return err
 	}
+	w.try = try
+	err := w.raw.Read(w.read)
+	w.releaseKept()
 	switch {
 	case err == nil:
 		return nil
@@ -164,6 +180,10 @@ func (w *Waiter) Close() error {
 	if w.watch != nil {
 		w.watch.stop()
 		w.watch = nil
+	}
+	if w.freed != nil {
+		close(w.freed) // the queued waits see closed
+		w.freed = nil
 	}
 	w.mu.Unlock()
 	return w.file.Close()

@@ -54,7 +54,7 @@ func TestWaiter(t *testing.T) {
 	// Close ends a wait in progress.
 	done := make(chan error)
 	go func() { done <- w.Wait(context.Background(), read) }()
-	time.Sleep(50 * time.Millisecond)
+	require.Eventually(t, w.Busy, 2*time.Second, time.Millisecond, "the wait is in progress before Close")
 	require.NoError(t, w.Close())
 	select {
 	case err := <-done:
@@ -112,4 +112,47 @@ func TestWaiterTakesContextsThatDoNotCompare(t *testing.T) {
 	}
 	go func() { time.Sleep(50 * time.Millisecond); cancel() }()
 	assert.ErrorIs(t, w.Wait(taggedContext{parent, nil}, read), context.Canceled, "the kept watch still interrupts")
+}
+
+// Two goroutines waiting at once take turns: the second one's context,
+// ending, neither wakes the first with a spurious error (both would move
+// the descriptor's one read deadline) nor leaves it woken for good; the
+// first still ends when the descriptor is ready.
+func TestWaitsTakeTurns(t *testing.T) {
+	w, read, post := eventfdWaiter(t)
+	first := make(chan error, 1)
+	go func() { first <- w.Wait(context.Background(), read) }()
+	require.Eventually(t, w.Busy, 2*time.Second, time.Millisecond, "the first wait is in progress")
+
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	assert.ErrorIs(t, w.Wait(ctx, read), context.DeadlineExceeded, "the second wait ends with its context")
+	select {
+	case err := <-first:
+		t.Fatalf("the first wait ended with the second's context: %v", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	post()
+	select {
+	case err := <-first:
+		assert.NoError(t, err)
+	case <-time.After(2 * time.Second):
+		t.Fatal("the first wait did not end when the descriptor became ready")
+	}
+
+	// A wait queued behind another ends with Close.
+	go func() { first <- w.Wait(context.Background(), read) }()
+	require.Eventually(t, w.Busy, 2*time.Second, time.Millisecond)
+	second := make(chan error, 1)
+	go func() { second <- w.Wait(context.Background(), read) }()
+	time.Sleep(20 * time.Millisecond)
+	require.NoError(t, w.Close())
+	for _, c := range []chan error{first, second} {
+		select {
+		case err := <-c:
+			assert.ErrorIs(t, err, ErrClosed)
+		case <-time.After(2 * time.Second):
+			t.Fatal("Close did not end the waits")
+		}
+	}
 }
