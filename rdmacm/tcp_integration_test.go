@@ -70,6 +70,38 @@ func TestOOBConnect(t *testing.T) {
 	}
 }
 
+// Reads in flight are paired as the CM pairs them: a side asking for more
+// than its peer answers at once gets the peer's ResponderResources, and
+// reads at that depth go.
+func TestOOBConnectPairsReadDepths(t *testing.T) {
+	checkNoLeaks(t)
+	// Powers of two: rxe rounds the depths up to one.
+	client, server, cerr, serr := connectBoth(t, rxe(t), &oob.Config{InitiatorDepth: 8, ResponderResources: 2},
+		&oob.Config{InitiatorDepth: 4, ResponderResources: 4})
+	require.NoError(t, cerr)
+	require.NoError(t, serr)
+	defer client.Close()
+	defer server.Close()
+	for _, c := range []struct {
+		name       string
+		conn       *oob.Conn
+		depth, res uint8
+	}{{"client", client, 4, 2}, {"server", server, 2, 4}} {
+		a, err := c.conn.QP().Query(verbs.AttrMaxQPRdAtomic | verbs.AttrMaxDestRdAtomic)
+		require.NoError(t, err)
+		assert.Equal(t, c.depth, a.MaxRdAtomic, "%s: its InitiatorDepth, lowered to the peer's ResponderResources", c.name)
+		assert.Equal(t, c.res, a.MaxDestRdAtomic, "%s: its own ResponderResources", c.name)
+	}
+	ctx := ctxFor(t, 10*time.Second)
+	cmr, err := client.RegisterMemory(4096, access)
+	require.NoError(t, err)
+	smr, err := server.RegisterMemory(4096, access)
+	require.NoError(t, err)
+	copy(smr.Bytes(), "read me")
+	require.NoError(t, client.RDMARead(ctx, cmr, 0, 7, rdmacm.RemoteBufferOf(smr, 0, 7)))
+	assert.Equal(t, "read me", string(cmr.Bytes()[:7]))
+}
+
 // The peer here is this test speaking the exchange by hand, announcing
 // what a misconfigured host would.
 func TestOOBConnectRefusesMismatches(t *testing.T) {
