@@ -62,6 +62,9 @@ func TestHostilePeerLines(t *testing.T) {
 
 	err = hear(t, func(c net.Conn) { c.Write([]byte(`{"qpn": 5`)) })
 	assert.ErrorContains(t, err, "reading from the peer")
+	assert.ErrorContains(t, err, "it closed the connection in the middle of a line")
+
+	err = hear(t, func(c net.Conn) {})
 	assert.ErrorContains(t, err, "it closed the connection without a word")
 
 	err = hear(t, func(c net.Conn) {
@@ -147,8 +150,9 @@ func TestEarlyFailureIsToldToThePeer(t *testing.T) {
 	}{
 		{t.Context(), &Config{RetryCount: 8}, "check config"},
 		{t.Context(), nil, "resolve path"},
-		// The context's end put a past deadline on the socket; the
-		// failure is told all the same.
+		// A context already ended (rdmacm's TestOOBConnectCancelled
+		// ends one during the exchange, with the socket's deadline
+		// passed).
 		{cancelled, nil, "context canceled"},
 	} {
 		_, err = Connect(tc.ctx, a, tc.cfg)

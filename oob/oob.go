@@ -61,9 +61,10 @@ type Config struct {
 	// atomics in flight that the QP answers and issues: 1 to 255, default 1
 	// each (unlike rdmacm's, negative is refused). The drivers hold
 	// InitiatorDepth to the device's MaxQPRdAtom and ResponderResources to
-	// its MaxQPInitRdAtom. As the CM does, each side tells the other its
-	// ResponderResources, and a side's InitiatorDepth is lowered to the
-	// peer's: a read beyond what the responder answers would fail the QP.
+	// its MaxQPInitRdAtom. As the CM pairs them, each side tells the other
+	// both, and lowers its InitiatorDepth to the peer's ResponderResources
+	// (a read beyond what the responder answers would fail the QP) and its
+	// ResponderResources to the peer's InitiatorDepth.
 	ResponderResources int
 	InitiatorDepth     int
 	// TOS is the traffic class of the QP's GRH (zero: 0).
@@ -196,7 +197,7 @@ func Connect(ctx context.Context, tcp net.Conn, cfg *Config) (*Conn, error) {
 		return nil, oe
 	}
 	var res cmbridge.RC
-	x := exchange{o: &o, retry: retry, rnrRetry: rnrRetry, path: path, res: &res, local: local, remote: remote, halt: halt}
+	x := exchange{o: &o, retry: retry, rnrRetry: rnrRetry, path: path, res: &res, local: local, remote: remote}
 	conn, err := x.run(ctx, tcp)
 	if err != nil {
 		if conn != nil {
@@ -218,6 +219,12 @@ func Connect(ctx context.Context, tcp net.Conn, cfg *Config) (*Conn, error) {
 			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
 				oe.Kind = rdmacm.ErrTimeout
 			}
+		}
+		if !x.told {
+			// Why, as this side reports it: the context's end, not the
+			// deadline that it put on the socket.
+			halt() // no past deadline may land on the socket after tell's
+			tell(tcp, oe)
 		}
 		return nil, oe
 	}
@@ -281,8 +288,10 @@ type line struct {
 	MTU verbs.MTU `json:"mtu,omitempty"`
 	LID uint16    `json:"lid,omitempty"`
 	// ResponderResources and InitiatorDepth are this side's reads in
-	// flight as responder and initiator (absent from peers older than
-	// them, whose depth is then taken as it is).
+	// flight as responder and initiator, as configured: each side lowers
+	// its initiator depth to the peer's responder resources and its
+	// responder resources to the peer's initiator depth. Peers older than
+	// the fields send neither, and are taken as configured.
 	ResponderResources uint8 `json:"rr,omitempty"`
 	InitiatorDepth     uint8 `json:"id,omitempty"`
 
@@ -297,9 +306,8 @@ type exchange struct {
 	res             *cmbridge.RC
 	local, remote   netip.AddrPort
 	reader          *bufio.Reader // the socket, past the exchange's lines
-	// halt stops the context's end from putting a past deadline on the
-	// socket (or waits until it has), before a failure is told.
-	halt func() bool
+	// told is set when the peer needs no word of this side's failure.
+	told bool
 }
 
 func (x *exchange) where(step string, err error) *rdmacm.OpError {
@@ -420,15 +428,6 @@ func (x *exchange) makeQP() (verbs.PortAttr, error) {
 // after that must abort it, before that release x.res.
 func (x *exchange) run(ctx context.Context, tcp net.Conn) (conn any, err error) {
 	x.reader = bufio.NewReaderSize(tcp, maxLine)
-	told := false
-	defer func() {
-		if err != nil && !told {
-			if x.halt != nil {
-				x.halt()
-			}
-			tell(tcp, err)
-		}
-	}()
 	if err := x.checkShared(); err != nil {
 		return nil, err
 	}
@@ -445,7 +444,7 @@ func (x *exchange) run(ctx context.Context, tcp net.Conn) (conn any, err error) 
 		return nil, x.where("exchange QP data", err)
 	}
 	if err := x.checkPeer(me, &peer); err != nil {
-		told = peer.Error != "" // the peer has failed: nothing to tell it
+		x.told = peer.Error != "" // the peer has failed: nothing to tell it
 		return nil, err
 	}
 	steps, err := x.steps(port, me, &peer)
@@ -479,7 +478,7 @@ func (x *exchange) run(ctx context.Context, tcp net.Conn) (conn any, err error) 
 		return conn, x.where("wait for the peer's RTS", err)
 	}
 	if err := x.peerSaid("wait for the peer's RTS", &ready); err != nil {
-		told = true
+		x.told = ready.Error != "" // a peer that failed needs no word; one of another version does
 		return conn, err
 	}
 	if !ready.Ready {
@@ -586,6 +585,11 @@ func (x *exchange) steps(port verbs.PortAttr, me line, peer *line) ([]verbs.Step
 		// No more reads out than the peer answers at once.
 		id = min(id, peer.ResponderResources)
 	}
+	if peer.InitiatorDepth > 0 {
+		// No more answered at once than the peer sends, as the CM's
+		// accepting side caps its responder resources.
+		rr = min(rr, peer.InitiatorDepth)
+	}
 	cp := verbs.QPSetup{Type: verbs.QPTypeRC, Port: uint8(path.Port),
 		Access: verbs.AccessLocalWrite | verbs.AccessRemoteWrite | verbs.AccessRemoteRead | verbs.AccessRemoteAtomic,
 		SQPSN:  me.PSN, Remote: verbs.Remote{QPN: peer.QPN, PSN: peer.PSN, GID: peer.GID.As16(), LID: peer.LID},
@@ -625,11 +629,12 @@ func tell(tcp net.Conn, err error) {
 // tellTimeout bounds the write that tells the peer of a failure.
 const tellTimeout = time.Second
 
-// printable is a peer's text with its control characters (a newline, a
-// terminal's escape) made spaces, for an error that may reach a log.
+// printable is a peer's text with its control and format characters (a
+// newline, a terminal's escape, a bidi override, a line separator) made
+// spaces, for an error that may reach a log.
 func printable(s string) string {
 	return strings.Map(func(r rune) rune {
-		if unicode.IsControl(r) {
+		if unicode.IsControl(r) || unicode.In(r, unicode.Cf, unicode.Zl, unicode.Zp) {
 			return ' '
 		}
 		return r
@@ -675,6 +680,9 @@ func sayHear(tcp net.Conn, r *bufio.Reader, say, hear any) error {
 		return fmt.Errorf("reading from the peer: a line longer than %d bytes, not QP data", r.Size())
 	}
 	if errors.Is(rerr, io.EOF) {
+		if len(l) > 0 {
+			return fmt.Errorf("reading from the peer: it closed the connection in the middle of a line: %w", rerr)
+		}
 		return fmt.Errorf("reading from the peer: it closed the connection without a word (is it running oob.Connect?): %w", rerr)
 	}
 	if rerr != nil {

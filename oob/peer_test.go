@@ -63,9 +63,9 @@ func TestCheckPeer(t *testing.T) {
 	assert.ErrorIs(t, x.checkPeer(me, &p), ErrPeerFailed)
 
 	// A peer's text reaches the error without its control characters.
-	p = line{Version: version, Error: "bad\x1b[2J\nline"}
+	p = line{Version: version, Error: "bad\x1b[2J\nline\u202e\u2028end"}
 	err := x.checkPeer(me, &p)
-	assert.ErrorContains(t, err, "bad [2J line")
+	assert.ErrorContains(t, err, "bad [2J line  end")
 	assert.NotContains(t, err.Error(), "\n")
 }
 
@@ -111,6 +111,11 @@ func TestSteps(t *testing.T) {
 	steps, err := testExchange(&Config{ResponderResources: 3}).steps(port, me, &peer)
 	require.NoError(t, err)
 	assert.Equal(t, uint8(3), steps[1].Attr.MaxDestRdAtomic, "this side's own ResponderResources")
+	peer.InitiatorDepth = 2
+	steps, err = testExchange(&Config{ResponderResources: 3}).steps(port, me, &peer)
+	require.NoError(t, err)
+	assert.Equal(t, uint8(2), steps[1].Attr.MaxDestRdAtomic, "lowered to the peer's InitiatorDepth")
+	peer.InitiatorDepth = 0
 	peer.ResponderResources = 0 // a peer older than the field: the depth as configured
 	a = rts(&Config{InitiatorDepth: 4}, me, peer)
 	assert.Equal(t, uint8(4), a.MaxRdAtomic)

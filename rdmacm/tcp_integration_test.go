@@ -71,13 +71,15 @@ func TestOOBConnect(t *testing.T) {
 }
 
 // Reads in flight are paired as the CM pairs them: a side asking for more
-// than its peer answers at once gets the peer's ResponderResources, and
-// reads at that depth go.
+// than its peer answers at once gets the peer's ResponderResources, a side
+// offering to answer more than its peer sends gets the peer's
+// InitiatorDepth, and reads at that depth go.
 func TestOOBConnectPairsReadDepths(t *testing.T) {
 	checkNoLeaks(t)
 	// Powers of two: rxe rounds the depths up to one.
-	client, server, cerr, serr := connectBoth(t, rxe(t), &oob.Config{InitiatorDepth: 8, ResponderResources: 2},
-		&oob.Config{InitiatorDepth: 4, ResponderResources: 4})
+	// The server asks for 8 of each and gets the client's 2 and 4.
+	client, server, cerr, serr := connectBoth(t, rxe(t), &oob.Config{InitiatorDepth: 4, ResponderResources: 2},
+		&oob.Config{InitiatorDepth: 8, ResponderResources: 8})
 	require.NoError(t, cerr)
 	require.NoError(t, serr)
 	defer client.Close()
@@ -89,8 +91,8 @@ func TestOOBConnectPairsReadDepths(t *testing.T) {
 	}{{"client", client, 4, 2}, {"server", server, 2, 4}} {
 		a, err := c.conn.QP().Query(verbs.AttrMaxQPRdAtomic | verbs.AttrMaxDestRdAtomic)
 		require.NoError(t, err)
-		assert.Equal(t, c.depth, a.MaxRdAtomic, "%s: its InitiatorDepth, lowered to the peer's ResponderResources", c.name)
-		assert.Equal(t, c.res, a.MaxDestRdAtomic, "%s: its own ResponderResources", c.name)
+		assert.Equal(t, c.depth, a.MaxRdAtomic, "%s: its InitiatorDepth, at most the peer's ResponderResources", c.name)
+		assert.Equal(t, c.res, a.MaxDestRdAtomic, "%s: its ResponderResources, at most the peer's InitiatorDepth", c.name)
 	}
 	ctx := ctxFor(t, 10*time.Second)
 	cmr, err := client.RegisterMemory(4096, access)
@@ -164,11 +166,17 @@ func TestOOBConnectCancelled(t *testing.T) {
 	require.ErrorAs(t, err, &oe)
 	assert.Contains(t, oe.Op, "connect over TCP")
 
-	// The peer reads what Connect sent, then the socket still carries data
-	// both ways.
+	// The peer reads what Connect sent: its QP data, then why it failed
+	// (told although the context's end had put a past deadline on the
+	// socket). Then the socket still carries data both ways.
+	b.SetReadDeadline(time.Now().Add(5 * time.Second))
 	r := bufio.NewReader(b)
 	_, err = r.ReadBytes('\n')
 	require.NoError(t, err)
+	told, err := r.ReadBytes('\n')
+	require.NoError(t, err, "the peer is told of the failure")
+	assert.Contains(t, string(told), "context canceled")
+	b.SetReadDeadline(time.Time{})
 	_, err = b.Write([]byte("fallback\n"))
 	require.NoError(t, err)
 	line, err := bufio.NewReader(a).ReadString('\n')
