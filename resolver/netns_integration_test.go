@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os/exec"
 	"slices"
+	"strconv"
 	"testing"
 	"testing/fstest"
 
@@ -192,6 +193,17 @@ func TestResolveRoutesInNetns(t *testing.T) {
 		p, err := resolveWith("10.99.1.1", resolver.Options{Source: netip.MustParseAddr("10.1.0.1"), Interface: "dummy0"})
 		require.NoError(t, err, "the source's own netdev")
 		assert.Equal(t, "dummy0", p.Netdev)
+		var index int
+		require.NoError(t, testbed.InNetns(ns, func() error {
+			l, err := net.InterfaceByName("dummy1")
+			if err == nil {
+				index = l.Index
+			}
+			return err
+		}))
+		p, err = resolveWith("10.99.1.1", resolver.Options{Interface: strconv.Itoa(index)})
+		require.NoError(t, err, "an ifindex names the netdev")
+		assert.Equal(t, "dummy1", p.Netdev)
 	})
 	t.Run("zone of an address that is not link-local", func(t *testing.T) {
 		// Ignored, as the kernel CM ignores such a scope: the address
@@ -250,6 +262,14 @@ func TestResolveRoutesInNetns(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, 3, p.GIDIndex, "via 10.2.0.254: RoCE v2: %s", p.Explain())
 		assert.Contains(t, p.Explain(), "RoCE v1 is not routable")
+
+		// A port with RoCE v1 entries only: the kernel CM takes v2 all
+		// the same, and finds no entry.
+		only := &resolver.Table{Source: "fixture", Ports: []resolver.Port{table.Ports[0]}}
+		only.Ports[0].GIDs = []verbs.GIDEntry{{Index: 0, GID: gid("10.2.0.1"), Type: verbs.GIDTypeRoCEv1, Netdev: "dummy1"}}
+		_, err = resolveWith("10.99.1.1", resolver.Options{Table: only})
+		assert.ErrorIs(t, err, resolver.ErrGIDTypeUnavailable)
+		assert.ErrorContains(t, err, "the route goes via 10.2.0.254, for which the kernel CM takes RoCE v2")
 	})
 	t.Run("VLAN netdev without RDMA device", func(t *testing.T) {
 		_, err := resolve("10.9.0.50", "")

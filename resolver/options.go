@@ -17,7 +17,8 @@ type Options struct {
 	// link-local destination's zone is then not used: the route is looked
 	// up without it, and Resolve fails if it leaves by another netdev.
 	Source netip.Addr
-	// Interface makes the route leave by this netdev. The kernel CM has
+	// Interface makes the route leave by this netdev (a name, or an
+	// ifindex). The kernel CM has
 	// no such option: with a Source, whose netdev decides there, an
 	// Interface other than that netdev is refused.
 	Interface string

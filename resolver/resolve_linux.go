@@ -186,7 +186,10 @@ func resolve(ctx context.Context, dst netip.Addr, opts Options) (*Path, error) {
 	// and as uid 0 (the CM's lookups carry no uid; ip rule uidrange would
 	// otherwise apply the caller's).
 	var root uint32
-	ro := &netlink.RouteGetOptions{Oif: opts.Interface, UID: &root}
+	ro := &netlink.RouteGetOptions{UID: &root}
+	if opts.Interface != "" {
+		ro.Oif = zoneNetdev(opts.Interface) // a name or an ifindex, as a zone
+	}
 	if opts.Source.IsValid() {
 		ro.SrcAddr = net.IP(opts.Source.WithZone("").AsSlice())
 	}
@@ -401,6 +404,7 @@ func resolve(ctx context.Context, dst netip.Addr, opts Options) (*Path, error) {
 
 	// GID.
 	want, why := DefaultGIDType(port, configfsOr(opts.Configfs))
+	raised := false
 	switch {
 	case opts.RoCE != RoCEDefault:
 		want, why = opts.RoCE.gidType(), "asked for"
@@ -414,6 +418,7 @@ func resolve(ctx context.Context, dst netip.Addr, opts Options) (*Path, error) {
 		// GID type to RoCE v2 for it, whatever the port's default.
 		want, why = verbs.GIDTypeRoCEv2, fmt.Sprintf("the port's default is RoCE v1 (%s), but the route goes via %v "+
 			"and RoCE v1 is not routable: the kernel CM's path record takes RoCE v2 (cma_resolve_iboe_route)", why, p.Gateway)
+		raised = true
 	}
 	p.note("GID type %v: %s", want, why)
 	entry, cands, err := SelectGID(port, src, gidNetdev, want)
@@ -425,6 +430,11 @@ func resolve(ctx context.Context, dst netip.Addr, opts Options) (*Path, error) {
 		} else {
 			p.note("  index %d %v %v %s: %s", c.Entry.Index, c.Entry.GID, c.Entry.Type, orUnknown(c.Entry.Netdev), c.Rejected)
 		}
+	}
+	if err != nil && raised && errors.Is(err, ErrGIDTypeUnavailable) {
+		err = fmt.Errorf("resolver: %v: %w: the route goes via %v, for which the kernel CM takes RoCE v2 whatever the "+
+			"port's default, and the port has no RoCE v2 entry for %v; reach %v without a gateway, or use a port with "+
+			"RoCE v2", port, ErrGIDTypeUnavailable, p.Gateway, src, dst)
 	}
 	if err != nil {
 		return fail(err)
