@@ -510,11 +510,11 @@ func (c *conn) Close() error {
 		var leaveErr error
 		if c.group.IsValid() {
 			if err := c.id.LeaveMulticast(c.group); err != nil {
-				// librdmacm detaches the QP first: a leave that failed
-				// may leave it attached, and the QP's destroy (below)
-				// then fails with EBUSY.
+				// librdmacm has detached the QP (it ignores how that
+				// went) and dropped its record when the kernel's leave
+				// fails: the membership then ends with the id, below.
 				oe := c.opError("leave multicast group "+c.group.String(), nil, err)
-				oe.Hint = "the QP may still be attached to the group, which keeps the kernel from destroying it"
+				oe.Hint = "the kernel's membership ends at the latest with the CM id, which Close destroys next"
 				leaveErr = oe
 			}
 		}

@@ -21,8 +21,13 @@ func (o Opcode) readsOrAtomic() bool {
 	return o == OpRDMARead || o == OpAtomicCmpAndSwp || o == OpAtomicFetchAdd
 }
 
-// siwVendorID is the vendor ID the kernel's siw reports (SIW_VENDOR_ID).
-const siwVendorID = 0x626d74
+// siwVendorID is the vendor ID the kernel's siw reports (SIW_VENDOR_ID);
+// erdmaVendorID erdma's (PCI_VENDOR_ID_ALIBABA), whose query reports the
+// read queues the other way round, as siw's does.
+const (
+	siwVendorID   = 0x626d74
+	erdmaVendorID = 0x1ded
+)
 
 // depthUnchecked marks a QP whose depth is not checked (initDepth).
 const depthUnchecked = 1 << 30
@@ -37,14 +42,22 @@ const depthUnchecked = 1 << 30
 // depth is 1, reports 1 for a 0 it was given. It is read at the first such
 // request after a Modify, and kept. Of the iWARP devices only siw is
 // checked: cxgb4 and irdma leave the depth out of their query, and siw
-// reports it in the other field. The caller holds q.mu.
+// reports it in the other field; erdma, which reports it there too, is
+// not checked on either transport. The caller holds q.mu.
 func (q *QP) initDepthProblem(iwarp bool) string {
 	if q.Type != QPTypeRC {
 		return ""
 	}
 	if q.initDepth < 0 {
-		if iwarp {
+		da, err := q.pd.dev.Query()
+		switch {
+		case err != nil:
+			return "" // the provider decides
+		case iwarp && da.VendorID == siwVendorID:
 			return q.siwORDProblem()
+		case iwarp || da.VendorID == erdmaVendorID:
+			q.initDepth = depthUnchecked
+			return ""
 		}
 		a, err := q.qp.Query(uint32(AttrState | AttrMaxQPRdAtomic))
 		if err != nil || QPState(a.State) != QPStateRTS {
@@ -68,12 +81,6 @@ func (q *QP) initDepthProblem(iwarp bool) string {
 // sets the ORD when the QP goes to RTS: a nonzero ORD is kept, a zero one
 // (the connection's, or that of a QP not connected yet) asked for again.
 func (q *QP) siwORDProblem() string {
-	if da, err := q.pd.dev.Query(); err != nil || da.VendorID != siwVendorID {
-		if err == nil {
-			q.initDepth = depthUnchecked
-		}
-		return ""
-	}
 	a, err := q.qp.Query(uint32(AttrState | AttrMaxDestRdAtomic))
 	if err != nil {
 		return ""
