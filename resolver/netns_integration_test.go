@@ -173,6 +173,18 @@ func TestResolveRoutesInNetns(t *testing.T) {
 		})
 		assert.ErrorIs(t, err, resolver.ErrGIDTypeUnavailable)
 	})
+	ifindex := func(t *testing.T, name string) int {
+		t.Helper()
+		var index int
+		require.NoError(t, testbed.InNetns(ns, func() error {
+			l, err := net.InterfaceByName(name)
+			if err == nil {
+				index = l.Index
+			}
+			return err
+		}))
+		return index
+	}
 	resolveWith := func(dst string, opts resolver.Options) (*resolver.Path, error) {
 		var p *resolver.Path
 		err := testbed.InNetns(ns, func() error {
@@ -193,15 +205,7 @@ func TestResolveRoutesInNetns(t *testing.T) {
 		p, err := resolveWith("10.99.1.1", resolver.Options{Source: netip.MustParseAddr("10.1.0.1"), Interface: "dummy0"})
 		require.NoError(t, err, "the source's own netdev")
 		assert.Equal(t, "dummy0", p.Netdev)
-		var index int
-		require.NoError(t, testbed.InNetns(ns, func() error {
-			l, err := net.InterfaceByName("dummy1")
-			if err == nil {
-				index = l.Index
-			}
-			return err
-		}))
-		p, err = resolveWith("10.99.1.1", resolver.Options{Interface: strconv.Itoa(index)})
+		p, err = resolveWith("10.99.1.1", resolver.Options{Interface: strconv.Itoa(ifindex(t, "dummy1"))})
 		require.NoError(t, err, "an ifindex names the netdev")
 		assert.Equal(t, "dummy1", p.Netdev)
 	})
@@ -218,15 +222,7 @@ func TestResolveRoutesInNetns(t *testing.T) {
 		assert.Equal(t, "dummy0", p.Netdev)
 	})
 	t.Run("link-local destination, zone by name and by number", func(t *testing.T) {
-		var index int
-		require.NoError(t, testbed.InNetns(ns, func() error {
-			l, err := net.InterfaceByName("dummy0")
-			if err == nil {
-				index = l.Index
-			}
-			return err
-		}))
-		for _, dst := range []string{"fe80::9%dummy0", fmt.Sprintf("fe80::9%%%d", index)} {
+		for _, dst := range []string{"fe80::9%dummy0", fmt.Sprintf("fe80::9%%%d", ifindex(t, "dummy0"))} {
 			p, err := resolve(dst, "")
 			require.NoError(t, err, dst)
 			assert.Equal(t, "dummy0", p.Netdev, dst)
