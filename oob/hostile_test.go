@@ -14,6 +14,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/rdmago/rdmago/rdmacm"
 )
 
 // hear runs sayHear against a peer that writes what it likes, and returns
@@ -147,16 +149,22 @@ func TestEarlyFailureIsToldToThePeer(t *testing.T) {
 		ctx  context.Context
 		cfg  *Config
 		want string
+		is   []error
 	}{
-		{t.Context(), &Config{RetryCount: 8}, "check config"},
-		{t.Context(), nil, "resolve path"},
+		{t.Context(), &Config{RetryCount: 8}, "check config", nil},
+		{t.Context(), nil, "resolve path", nil},
 		// A context already ended (rdmacm's TestOOBConnectCancelled
 		// ends one during the exchange, with the socket's deadline
 		// passed).
-		{cancelled, nil, "context canceled"},
+		{cancelled, nil, "context canceled", []error{context.Canceled}},
+		{t.Context(), &Config{Timeout: time.Nanosecond}, "Connect took longer than Config.Timeout (1ns)",
+			[]error{context.DeadlineExceeded, rdmacm.ErrTimeout}},
 	} {
 		_, err = Connect(tc.ctx, a, tc.cfg)
 		require.ErrorContains(t, err, tc.want)
+		for _, target := range tc.is {
+			assert.ErrorIs(t, err, target)
+		}
 		b.SetReadDeadline(time.Now().Add(5 * time.Second))
 		l, rerr := bufio.NewReader(b).ReadSlice('\n')
 		require.NoError(t, rerr, "the peer is told")

@@ -170,9 +170,22 @@ func Connect(ctx context.Context, tcp net.Conn, cfg *Config) (*Conn, error) {
 		tcp.SetDeadline(time.Time{})
 	}()
 
+	// ended says why a step failed when ctx had ended by then (the
+	// socket's deadline, or the resolver's check, stopped it), so that the
+	// error matches the context's and, for a deadline, ErrTimeout.
+	ended := func(oe *rdmacm.OpError) {
+		if ctx.Err() == nil {
+			return
+		}
+		oe.Err = fmt.Errorf("%w (%w)", context.Cause(ctx), oe.Err)
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			oe.Kind = rdmacm.ErrTimeout
+		}
+	}
 	// A side that fails before the exchange tells the peer too, which
 	// would otherwise wait for its timeout to learn nothing.
 	refuse := func(oe *rdmacm.OpError) (*Conn, error) {
+		ended(oe)
 		halt() // no past deadline may land on the socket after tell's
 		tell(tcp, oe)
 		return nil, oe
@@ -212,14 +225,7 @@ func Connect(ctx context.Context, tcp net.Conn, cfg *Config) (*Conn, error) {
 		if dl, ok := ctx.Deadline(); ok && ctx.Err() == nil && errors.Is(err, os.ErrDeadlineExceeded) && !time.Now().Before(dl) {
 			<-ctx.Done() // the socket's deadline was ctx's, whose timer is due
 		}
-		if ctx.Err() != nil {
-			// The socket's deadline stopped the exchange: say why, and
-			// match the context's error.
-			oe.Err = fmt.Errorf("%w (%w)", context.Cause(ctx), oe.Err)
-			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-				oe.Kind = rdmacm.ErrTimeout
-			}
-		}
+		ended(oe)
 		if !x.told {
 			// Why, as this side reports it: the context's end, not the
 			// deadline that it put on the socket.
