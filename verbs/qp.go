@@ -397,11 +397,15 @@ func (q *QP) postSend(wrs []SendWR) error {
 	total := 0
 	iwarp := q.pd.dev.Info.Transport == TransportIWARP
 	for i := range wrs {
-		why, reason := sendWRProblem(q.Type, iwarp, &wrs[i]), error(syscall.EINVAL)
+		why, depth := sendWRProblem(q.Type, iwarp, &wrs[i]), false
 		if why == "" && wrs[i].Opcode.readsOrAtomic() {
-			why, reason = q.initDepthProblem(iwarp), ErrNoInitiatorDepth
+			why, depth = q.initDepthProblem(iwarp), true
 		}
 		if why != "" {
+			reason := error(syscall.EINVAL)
+			if depth {
+				reason = ErrNoInitiatorDepth
+			}
 			return &OpError{Op: "ibv_post_send", Device: q.pd.dev.Info.Name, QPN: q.QPN, Err: reason,
 				Detail: fmt.Sprintf("work request %d (%v, ID %#x) of %d", i, wrs[i].Opcode, wrs[i].ID, len(wrs)), Hint: why + "; nothing was posted"}
 		}
