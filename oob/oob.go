@@ -118,8 +118,9 @@ type Conn struct {
 // other end calls Connect too. Each side resolves its path to the other's
 // IP address with package resolver (device, port, the GID index the kernel
 // CM would pick, GID type, active MTU), creates its QP, and the two
-// exchange QP number, PSN, GID, GID type, address family and MTU over the
-// socket, one JSON line each way, then one more once each QP is at RTS.
+// exchange QP number, PSN, GID, GID type, address family, MTU and read
+// depths over the socket, one JSON line each way, then one more once each
+// QP is at RTS.
 // GID types and address families must match (RoCE v1 against v2, or IPv4
 // against IPv6, connects and then never delivers a packet), and the path
 // MTU is the smaller side's. A side that fails tells the other why, in
